@@ -1,0 +1,534 @@
+"""One TCP connection to one nsqd, on anyio (asyncio or trio).
+
+:meth:`Connection.open` connects and handshakes (magic, IDENTIFY, TLS, Snappy or DEFLATE,
+AUTH) before returning. The owner then runs :meth:`Connection.run` in its task group: the
+single reader task, which answers heartbeats, matches responses to requests in order and hands
+message frames to ``on_message``.
+
+Writes are coalesced: :meth:`queue` appends to an outgoing buffer and :meth:`flush` sends all
+of it in one write, so many commands queued while a write is in progress go out together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import ssl
+import zlib
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import snappy  # type: ignore[import-untyped]
+
+from smartnsq._version import __version__
+from smartnsq.errors import (
+    ConnectFailed,
+    ConnectionClosed,
+    InvalidArgument,
+    NSQTimeout,
+    ProtocolError,
+    ServerError,
+    error_from_frame,
+)
+from smartnsq.protocol import commands
+from smartnsq.protocol.frames import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FRAME_ERROR,
+    FRAME_MESSAGE,
+    FRAME_RESPONSE,
+    HEARTBEAT,
+    FrameDecoder,
+)
+from smartnsq.transport import Link, open_link, running_on_asyncio
+
+log = logging.getLogger("smartnsq.connection")
+
+# Failures of these commands arrive as error frames with no request waiting for them.
+_ASYNC_ERRORS = (b"E_FIN_FAILED", b"E_REQ_FAILED", b"E_TOUCH_FAILED")
+
+
+def parse_address(address: str, default_port: int = 4150) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` too) and check it."""
+    if not isinstance(address, str) or not address:
+        raise InvalidArgument(f"nsqd address must be a 'host:port' string, not {address!r}")
+    host, sep, port_text = address.rpartition(":")
+    if not sep:
+        host, port_text = address, str(default_port)
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise InvalidArgument(f"nsqd address {address!r} has a non-numeric port") from None
+    if not host or not 0 < port < 65536:
+        raise InvalidArgument(f"nsqd address {address!r} is not a valid 'host:port'")
+    return host, port
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionConfig:
+    """How to connect and what to negotiate. Times are in seconds."""
+
+    client_id: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+    hostname: str = field(default_factory=socket.gethostname)
+    user_agent: str = f"smartnsq/{__version__}"
+    heartbeat_interval: float = 30.0
+    msg_timeout: float | None = None
+    output_buffer_size: int | None = None
+    output_buffer_timeout: float | None = None
+    sample_rate: int = 0
+    tls: ssl.SSLContext | bool = False
+    tls_hostname: str | None = None
+    snappy: bool = False
+    deflate: bool = False
+    deflate_level: int = 6
+    auth_secret: str | bytes | None = None
+    extend_support: bool | None = None  # Youzan: only when the topic is an ext topic
+    identify_extra: Mapping[str, Any] = field(default_factory=dict)
+    connect_timeout: float = 5.0
+    handshake_timeout: float = 5.0
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+
+    def __post_init__(self) -> None:
+        if self.snappy and self.deflate:
+            raise InvalidArgument("choose either snappy or deflate compression, not both")
+        if not 1 <= self.deflate_level <= 9:
+            raise InvalidArgument(f"deflate_level must be 1..9, not {self.deflate_level}")
+        if not 0 <= self.sample_rate <= 99:
+            raise InvalidArgument(f"sample_rate must be 0..99, not {self.sample_rate}")
+        if self.heartbeat_interval != -1 and not 1 <= self.heartbeat_interval <= 60:
+            raise InvalidArgument(
+                "heartbeat_interval must be 1..60 seconds (or -1 to disable), "
+                f"not {self.heartbeat_interval}"
+            )
+        for name in ("connect_timeout", "handshake_timeout"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be > 0")
+
+    def identify_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "client_id": self.client_id,
+            "hostname": self.hostname,
+            "user_agent": self.user_agent,
+            "feature_negotiation": True,
+            "heartbeat_interval": -1
+            if self.heartbeat_interval == -1
+            else int(self.heartbeat_interval * 1000),
+            "tls_v1": bool(self.tls),
+            "snappy": self.snappy,
+            "deflate": self.deflate,
+            "deflate_level": self.deflate_level,
+            "sample_rate": self.sample_rate,
+        }
+        if self.msg_timeout is not None:
+            body["msg_timeout"] = int(self.msg_timeout * 1000)
+        if self.output_buffer_size is not None:
+            body["output_buffer_size"] = self.output_buffer_size
+        if self.output_buffer_timeout is not None:
+            body["output_buffer_timeout"] = int(self.output_buffer_timeout * 1000)
+        if self.extend_support is not None:
+            body["extend_support"] = self.extend_support
+        body.update(self.identify_extra)
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    """What the server agreed to in its IDENTIFY reply."""
+
+    version: str = ""
+    max_rdy_count: int = 2500
+    msg_timeout: float = 60.0
+    max_msg_timeout: float = 900.0
+    tls: bool = False
+    snappy: bool = False
+    deflate: bool = False
+    auth_required: bool = False
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def youzan(self) -> bool:
+        """The Youzan HA fork reports versions like ``0.3.7-HA.1.12.7``."""
+        return "-HA." in self.version
+
+    @classmethod
+    def from_reply(cls, reply: Mapping[str, Any]) -> Features:
+        return cls(
+            version=str(reply.get("version", "")),
+            max_rdy_count=int(reply.get("max_rdy_count") or 2500),
+            msg_timeout=int(reply.get("msg_timeout") or 60000) / 1000,
+            max_msg_timeout=int(reply.get("max_msg_timeout") or 900000) / 1000,
+            tls=bool(reply.get("tls_v1")),
+            snappy=bool(reply.get("snappy")),
+            deflate=bool(reply.get("deflate")),
+            auth_required=bool(reply.get("auth_required")),
+            raw=dict(reply),
+        )
+
+
+class _EventWaiter:
+    """Waits for one answer on any anyio backend."""
+
+    __slots__ = ("error", "event", "publish", "result")
+
+    def __init__(self, publish: bool) -> None:
+        self.event = anyio.Event()
+        self.result = b""
+        self.error: BaseException | None = None
+        self.publish = publish
+
+    def set(self, result: bytes, error: BaseException | None) -> None:
+        self.result = result
+        self.error = error
+        self.event.set()
+
+    async def wait(self) -> bytes:
+        await self.event.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class _FutureWaiter:
+    """Waits for one answer on asyncio, with a bare future (cheapest there)."""
+
+    __slots__ = ("future", "publish")
+
+    def __init__(self, publish: bool) -> None:
+        self.future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.publish = publish
+
+    def set(self, result: bytes, error: BaseException | None) -> None:
+        if self.future.done():  # the caller gave up (cancelled)
+            return
+        if error is None:
+            self.future.set_result(result)
+        else:
+            self.future.set_exception(error)
+
+    async def wait(self) -> bytes:
+        return await self.future
+
+
+_Waiter = _EventWaiter | _FutureWaiter
+
+
+def _tls_context(tls: ssl.SSLContext | bool) -> ssl.SSLContext:
+    if isinstance(tls, ssl.SSLContext):
+        return tls
+    return ssl.create_default_context()
+
+
+class Connection:
+    """A handshaken connection to one nsqd. Create it with :meth:`open`."""
+
+    def __init__(self, address: str, link: Link, config: ConnectionConfig) -> None:
+        self.address = address
+        self.config = config
+        self.features = Features()
+        self.auth: Mapping[str, Any] | None = None
+        self.on_message: Callable[[bytes], None] | None = None
+        self.on_async_error: Callable[[ServerError], None] | None = None
+        self.on_close: Callable[[Connection], None] | None = None
+        self.after_read: Callable[[], None] | None = None
+        self.closed = False
+        self.close_reason: BaseException | None = None
+        self._link = link
+        self._decoder = FrameDecoder(config.max_frame_size)
+        self._compress: Callable[[bytes], bytes] | None = None
+        self._decompress: Callable[[bytes], bytes] | None = None
+        self._out: list[bytes] = []
+        self._waiters: deque[_Waiter] = deque()
+        self._waiter_cls: type[_Waiter] = _FutureWaiter if running_on_asyncio() else _EventWaiter
+        self._scope: anyio.CancelScope | None = None
+        self._stop_reason: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.address}{' closed' if self.closed else ''}>"
+
+    @property
+    def last_read(self) -> float:
+        """Event-loop time of the last bytes received."""
+        return self._link.last_read
+
+    # -- opening ---------------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, address: str, config: ConnectionConfig | None = None) -> Connection:
+        """Connect to ``address`` (``host:port``) and complete the handshake."""
+        config = config or ConnectionConfig()
+        host, port = parse_address(address)
+        try:
+            with anyio.fail_after(config.connect_timeout):
+                link = await open_link(host, port)
+        except TimeoutError:
+            raise ConnectFailed(
+                f"connecting to nsqd {address} timed out after {config.connect_timeout}s"
+            ) from None
+        except OSError as exc:
+            raise ConnectFailed(f"cannot connect to nsqd {address}: {exc}") from exc
+        conn = cls(address, link, config)
+        try:
+            with anyio.fail_after(config.handshake_timeout):
+                await conn._handshake(host)
+        except TimeoutError:
+            await link.aclose()
+            raise ConnectFailed(
+                f"handshake with nsqd {address} timed out after {config.handshake_timeout}s"
+            ) from None
+        except (OSError, anyio.EndOfStream, anyio.BrokenResourceError, ssl.SSLError) as exc:
+            await link.aclose()
+            raise ConnectFailed(f"handshake with nsqd {address} failed: {exc!r}") from exc
+        except BaseException:
+            await link.aclose()
+            raise
+        return conn
+
+    async def _read_handshake_frame(self) -> bytes:
+        while True:
+            frame = self._decoder.next_frame()
+            if frame is not None:
+                break
+            data = await self._link.receive()
+            if self._decompress is not None:
+                data = self._decompress(data)
+            self._decoder.append(data)
+        ftype, payload = frame
+        if ftype == FRAME_ERROR:
+            raise error_from_frame(payload)
+        if ftype != FRAME_RESPONSE:
+            raise ProtocolError(f"unexpected frame type {ftype} during handshake")
+        if payload == HEARTBEAT:  # possible while AUTH is slow; answer and keep reading
+            await self._write_now(commands.NOP)
+            return await self._read_handshake_frame()
+        return payload
+
+    async def _expect_ok(self, step: str) -> None:
+        payload = await self._read_handshake_frame()
+        if payload != b"OK":
+            raise ProtocolError(f"expected OK after {step}, got {payload[:64]!r}")
+
+    async def _write_now(self, data: bytes) -> None:
+        self._link.write(self._compress(data) if self._compress is not None else data)
+        await self._link.drain()
+
+    async def _handshake(self, host: str) -> None:
+        cfg = self.config
+        await self._write_now(commands.MAGIC_V2 + commands.identify(cfg.identify_body()))
+        reply = await self._read_handshake_frame()
+        if reply == b"OK":  # very old nsqd without feature negotiation
+            self.features = Features(version="unknown")
+        else:
+            try:
+                parsed = json.loads(reply)
+            except ValueError:
+                raise ProtocolError(f"IDENTIFY reply is not JSON: {reply[:100]!r}") from None
+            self.features = Features.from_reply(parsed)
+        f = self.features
+        if cfg.tls and not f.tls:
+            raise ConnectFailed(f"nsqd {self.address} does not offer TLS, which was required")
+        if f.tls:
+            # Nothing follows the IDENTIFY reply until the client starts TLS.
+            await self._link.start_tls(_tls_context(cfg.tls), cfg.tls_hostname or host)
+            await self._expect_ok("TLS upgrade")
+        if f.snappy or f.deflate:
+            # Bytes after the last plain frame are already compressed.
+            rest = self._decoder.take_remaining()
+            if f.snappy:
+                comp, decomp = snappy.StreamCompressor(), snappy.StreamDecompressor()
+                self._compress, self._decompress = comp.add_chunk, decomp.decompress
+            else:
+                zc = zlib.compressobj(cfg.deflate_level, zlib.DEFLATED, -15)
+                zd = zlib.decompressobj(-15)
+                self._compress = lambda d: zc.compress(d) + zc.flush(zlib.Z_SYNC_FLUSH)
+                self._decompress = zd.decompress
+            if rest:
+                self._decoder.append(self._decompress(rest))
+            await self._expect_ok("compression upgrade")
+        if f.auth_required:
+            if cfg.auth_secret is None:
+                raise ConnectFailed(f"nsqd {self.address} requires AUTH but no auth_secret was set")
+            secret = cfg.auth_secret
+            await self._write_now(
+                commands.auth(secret.encode() if isinstance(secret, str) else secret)
+            )
+            try:
+                self.auth = json.loads(await self._read_handshake_frame())
+            except ValueError:
+                raise ProtocolError("AUTH reply is not JSON") from None
+
+    # -- running ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Deliver incoming frames until the connection closes, for whatever reason."""
+        interval = self.config.heartbeat_interval
+        reason: BaseException | None = None
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            if self.closed:
+                scope.cancel()
+            try:
+                if interval > 0:
+                    async with anyio.create_task_group() as tg:
+                        # nsqd closes after two missed heartbeats; we give up a little later.
+                        tg.start_soon(self._watchdog, interval * 2 + 5)
+                        await self._link.run(self._on_data, self._after_data)
+                        tg.cancel_scope.cancel()
+                else:
+                    await self._link.run(self._on_data, self._after_data)
+            except anyio.EndOfStream:
+                pass
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                reason = ConnectionClosed(f"connection to nsqd {self.address} broke: {exc!r}")
+            except (ProtocolError, ServerError, ConnectionClosed) as exc:
+                reason = exc
+            except BaseExceptionGroup as group:
+                reason = group.exceptions[0]
+        reason = self._stop_reason or reason
+        await self._shutdown(
+            reason or ConnectionClosed(f"nsqd {self.address} closed the connection")
+        )
+
+    async def _watchdog(self, limit: float) -> None:
+        while True:
+            idle = anyio.current_time() - self._link.last_read
+            if idle > limit:
+                self._stop_reason = NSQTimeout(
+                    f"no data (not even heartbeats) from nsqd {self.address} for {idle:.0f}s"
+                )
+                if self._scope is not None:
+                    self._scope.cancel()
+                return
+            await anyio.sleep(limit - idle + 0.1)
+
+    def _on_data(self, data: bytes) -> None:
+        if self._decompress is not None:
+            data = self._decompress(data)
+        for ftype, payload in self._decoder.feed(data):
+            if ftype == FRAME_MESSAGE:
+                if self.on_message is not None:
+                    self.on_message(payload)
+            elif ftype == FRAME_RESPONSE:
+                if payload == HEARTBEAT:
+                    self._out.append(commands.NOP)
+                elif self._waiters:
+                    self._waiters.popleft().set(payload, None)
+                else:
+                    log.debug("nsqd %s: answer %r with no request", self.address, payload[:64])
+            else:
+                self._on_error_frame(payload)
+
+    def _after_data(self) -> None:
+        if self.after_read is not None:
+            self.after_read()
+        if self._out:
+            self._write_out()
+
+    def _on_error_frame(self, payload: bytes) -> None:
+        if payload.startswith(_ASYNC_ERRORS) or not self._waiters:
+            err = error_from_frame(payload)
+            if self.on_async_error is not None:
+                self.on_async_error(err)
+            else:
+                log.warning("nsqd %s: %s", self.address, err)
+        else:
+            waiter = self._waiters.popleft()
+            err = error_from_frame(payload, publish=waiter.publish)
+            waiter.set(b"", err)
+        if err.fatal:
+            raise err
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def _write_out(self) -> None:
+        out = self._out
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        self._link.write(self._compress(data) if self._compress is not None else data)
+
+    def queue(self, data: bytes) -> None:
+        """Add a command to the outgoing buffer; :meth:`flush` (or the reader) sends it."""
+        self._out.append(data)
+
+    async def flush(self) -> None:
+        """Write everything queued, in one write, and wait for transport buffer space."""
+        if self.closed:
+            self._out.clear()
+            raise self._closed_error()
+        if self._out:
+            self._write_out()
+        try:
+            await self._link.drain()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            err = ConnectionClosed(f"writing to nsqd {self.address} failed: {exc!r}")
+            self._stop(err)
+            raise err from exc
+
+    async def send(self, data: bytes) -> None:
+        """Queue ``data`` and flush."""
+        self._out.append(data)
+        await self.flush()
+
+    async def request(self, data: bytes, *, publish: bool = False) -> bytes:
+        """Send a command that nsqd answers, and return the answer's payload.
+
+        Answers arrive in request order. If the caller is cancelled (say, by a timeout), the
+        request stays queued so later answers still match their requests.
+        """
+        if self.closed:
+            raise self._closed_error()
+        waiter = self._waiter_cls(publish)
+        self._waiters.append(waiter)
+        self._out.append(data)
+        await self.flush()
+        return await waiter.wait()
+
+    @property
+    def pending(self) -> int:
+        """Requests sent and not answered yet."""
+        return len(self._waiters)
+
+    # -- closing ---------------------------------------------------------------------------------
+
+    def _closed_error(self) -> ConnectionClosed:
+        reason = self.close_reason
+        text = f"connection to nsqd {self.address} is closed"
+        if reason is not None and str(reason) and str(reason) not in text:
+            text += f": {reason}"
+        return ConnectionClosed(text)
+
+    def _stop(self, reason: BaseException) -> None:
+        """Make :meth:`run` end with ``reason``."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        self._link.abort()
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def _shutdown(self, reason: BaseException) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        while self._waiters:
+            err = self._closed_error()
+            err.__cause__ = reason
+            self._waiters.popleft().set(b"", err)
+        await self._link.aclose()
+        if self.on_close is not None:
+            self.on_close(self)
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Wait (up to ``timeout``) for outstanding answers, then close."""
+        if self.closed:
+            return
+        with anyio.move_on_after(timeout):
+            while self._waiters and not self.closed:
+                await anyio.sleep(0.005)
+        self._stop(ConnectionClosed(f"connection to nsqd {self.address} closed by the client"))
+        if self._scope is None:  # run() never started
+            await self._shutdown(self._stop_reason or ConnectionClosed("closed"))

@@ -1,0 +1,338 @@
+"""Every exception smartnsq raises.
+
+Three families:
+
+* :class:`InvalidArgument` and its subclasses: the caller passed something wrong; nothing was
+  sent. They also derive from :class:`ValueError` (or :class:`TypeError`) so generic handlers
+  keep working.
+* :class:`ServerError` and its subclasses: nsqd answered a command with an error frame. Each
+  knows whether the server closes the connection after it (``fatal``) and whether a retry can
+  succeed (``retry``).
+* Transport problems: :class:`ConnectionClosed`, :class:`ConnectFailed`,
+  :class:`ProtocolError` (the peer sent bytes that are not NSQ) and :class:`NSQTimeout`.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "AuthFailed",
+    "BadBody",
+    "BadChannel",
+    "BadMessage",
+    "BadPartition",
+    "BadTopic",
+    "ConnectFailed",
+    "ConnectionClosed",
+    "ExtNotSupported",
+    "FinFailed",
+    "IdentifyFailed",
+    "InvalidArgument",
+    "InvalidChannel",
+    "InvalidCommand",
+    "InvalidTopic",
+    "InvalidType",
+    "MessageTooLarge",
+    "NSQError",
+    "NSQTimeout",
+    "NoNsqdAvailable",
+    "NotLeader",
+    "NotSupported",
+    "NotWritable",
+    "PartialPublish",
+    "ProtocolError",
+    "PubFailed",
+    "PubTooMuchWaiting",
+    "ReqFailed",
+    "Retry",
+    "ServerError",
+    "SubExtendForbidden",
+    "SubExtendNeeded",
+    "SubOrderRequired",
+    "TopicNotFound",
+    "TopicNotExist",
+    "TouchFailed",
+    "Unauthorized",
+    "error_from_frame",
+]
+
+
+class NSQError(Exception):
+    """Base class of every smartnsq exception."""
+
+
+# -- caller mistakes ---------------------------------------------------------------------------
+
+
+class InvalidArgument(NSQError, ValueError):
+    """A value passed to smartnsq is not acceptable. Nothing was sent."""
+
+
+class InvalidType(NSQError, TypeError):
+    """A value passed to smartnsq has the wrong type. Nothing was sent."""
+
+
+class InvalidTopic(InvalidArgument):
+    """The topic name breaks NSQ's naming rules."""
+
+
+class InvalidChannel(InvalidArgument):
+    """The channel name breaks NSQ's naming rules."""
+
+
+class MessageTooLarge(InvalidArgument):
+    """A message (or a batch) is larger than the server accepts."""
+
+
+class NotSupported(NSQError):
+    """The server (or its kind) does not support the requested feature."""
+
+
+# -- transport ---------------------------------------------------------------------------------
+
+
+class ProtocolError(NSQError):
+    """The peer sent bytes that do not follow the NSQ protocol."""
+
+
+class ConnectionClosed(NSQError, ConnectionError):
+    """The connection is closed (by us, by the server, or by the network)."""
+
+
+class ConnectFailed(ConnectionClosed):
+    """Could not open or handshake a connection to an nsqd."""
+
+
+class NSQTimeout(NSQError, TimeoutError):
+    """An operation did not finish within its deadline. Its outcome is unknown."""
+
+
+class NoNsqdAvailable(NSQError):
+    """No nsqd could take the request (all down, or none configured or discovered)."""
+
+
+class PartialPublish(NSQError):
+    """``publish_many`` sent its batch in several MPUBs and one of them failed.
+
+    ``published`` counts the leading messages that the server acknowledged; the rest were not
+    acknowledged (``__cause__`` says why) and may be sent again.
+    """
+
+    def __init__(self, message: str, published: int) -> None:
+        super().__init__(message)
+        self.published = published
+
+
+class TopicNotFound(NSQError):
+    """No lookupd knows the topic (a write lookup answered 404)."""
+
+
+# -- server error frames ------------------------------------------------------------------------
+
+
+class Retry(enum.Enum):
+    """Whether the command that caused a :class:`ServerError` may be sent again."""
+
+    NEVER = "never"  # the request itself is wrong: sending it again fails again
+    SAFE = "safe"  # transient: retry, possibly on another nsqd
+    AFTER_REFRESH = "after_refresh"  # cluster layout changed: re-query lookupd, then retry
+
+
+class ServerError(NSQError):
+    """nsqd answered with an error frame.
+
+    ``code`` is the ``E_...`` code, ``description`` the rest of the text, ``fatal`` whether the
+    server closes the connection after sending it.
+    """
+
+    code: str = ""
+    default_fatal: bool = True
+    retry: Retry = Retry.NEVER
+
+    def __init__(self, code: str, description: str = "", *, fatal: bool | None = None) -> None:
+        self.code = code
+        self.description = description
+        self.fatal = self.default_fatal if fatal is None else fatal
+        text = f"{code} {description}".strip()
+        super().__init__(text or "unknown server error")
+
+
+class InvalidCommand(ServerError):
+    code = "E_INVALID"
+
+
+class BadBody(ServerError):
+    code = "E_BAD_BODY"
+
+
+class BadTopic(ServerError):
+    code = "E_BAD_TOPIC"
+
+
+class BadChannel(ServerError):
+    code = "E_BAD_CHANNEL"
+
+
+class BadMessage(ServerError):
+    code = "E_BAD_MESSAGE"
+
+
+class BadPartition(ServerError):
+    code = "E_BAD_PARTITION"
+
+
+class PubFailed(ServerError):
+    code = "E_PUB_FAILED"
+    default_fatal = False
+    retry = Retry.SAFE
+
+
+class FinFailed(ServerError):
+    code = "E_FIN_FAILED"
+    default_fatal = False
+
+
+class ReqFailed(ServerError):
+    code = "E_REQ_FAILED"
+    default_fatal = False
+
+
+class TouchFailed(ServerError):
+    code = "E_TOUCH_FAILED"
+    default_fatal = False
+
+
+class IdentifyFailed(ServerError):
+    code = "E_IDENTIFY_FAILED"
+
+
+class AuthFailed(ServerError):
+    code = "E_AUTH_FAILED"
+
+
+class Unauthorized(ServerError):
+    code = "E_UNAUTHORIZED"
+
+
+class TopicNotExist(ServerError):
+    """This nsqd does not hold the topic partition (Youzan fork)."""
+
+    code = "E_TOPIC_NOT_EXIST"
+    retry = Retry.AFTER_REFRESH
+
+
+class NotLeader(ServerError):
+    """This nsqd is not the partition leader (Youzan fork). Fatal except on publish."""
+
+    code = "E_FAILED_ON_NOT_LEADER"
+    retry = Retry.AFTER_REFRESH
+
+
+class NotWritable(ServerError):
+    """The partition cannot be written right now (Youzan fork). Fatal except on publish."""
+
+    code = "E_FAILED_ON_NOT_WRITABLE"
+    retry = Retry.AFTER_REFRESH
+
+
+class PubTooMuchWaiting(ServerError):
+    code = "E_PUB_TOO_MUCH_WAITING"
+    retry = Retry.AFTER_REFRESH
+
+
+class SubOrderRequired(ServerError):
+    """The topic is ordered: subscribe with SUB_ORDERED."""
+
+    code = "E_SUB_ORDER_IS_MUST"
+
+
+class SubExtendNeeded(ServerError):
+    """The topic carries ext headers: IDENTIFY with extend_support."""
+
+    code = "E_SUB_EXTEND_NEED"
+
+
+class SubExtendForbidden(ServerError):
+    """The topic has no ext headers: IDENTIFY without extend_support."""
+
+    code = "E_SUB_EXTEND_FORBIDDON"  # sic, as the server spells it
+
+
+class ExtNotSupported(ServerError):
+    code = "E_EXT_NOT_SUPPORT"
+    default_fatal = False
+
+
+# Codes whose class is ServerError itself but whose fatality/retry differ from the default.
+_PLAIN: dict[str, tuple[bool, Retry]] = {
+    "E_MPUB_FAILED": (False, Retry.SAFE),
+    "E_DPUB_FAILED": (False, Retry.SAFE),
+    "E_INVALID_JSON_HEADER": (False, Retry.NEVER),
+    "INVALID_TRACE_ID": (False, Retry.NEVER),
+    "E_CREATE_TOPIC_FAILED": (False, Retry.NEVER),
+    "E_SUB_CHANNEL_NOT_REGISTERED": (True, Retry.NEVER),
+    "E_AUTH_FIRST": (True, Retry.NEVER),
+    "E_AUTH_DISABLED": (True, Retry.NEVER),
+    "E_BAD_PROTOCOL": (True, Retry.NEVER),
+    "E_BAD_EXT": (True, Retry.NEVER),
+}
+
+_CLASSES: dict[str, type[ServerError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidCommand,
+        BadBody,
+        BadTopic,
+        BadChannel,
+        BadMessage,
+        BadPartition,
+        PubFailed,
+        FinFailed,
+        ReqFailed,
+        TouchFailed,
+        IdentifyFailed,
+        AuthFailed,
+        Unauthorized,
+        TopicNotExist,
+        NotLeader,
+        NotWritable,
+        PubTooMuchWaiting,
+        SubOrderRequired,
+        SubExtendNeeded,
+        SubExtendForbidden,
+        ExtNotSupported,
+    )
+}
+
+# On publish the fork answers these two without closing the connection.
+_NON_FATAL_ON_PUBLISH = {"E_FAILED_ON_NOT_LEADER", "E_FAILED_ON_NOT_WRITABLE"}
+
+
+def error_from_frame(data: bytes, *, publish: bool = False) -> ServerError:
+    """Turn the payload of an error frame into a typed :class:`ServerError`.
+
+    The code is the first word; the fork often sends it with an empty description
+    (``b"E_TOPIC_NOT_EXIST "``). ``publish`` tells whether the failed command was a publish,
+    which changes the fatality of the fork's leader errors.
+    """
+    text = data.decode("utf-8", "replace")
+    code, _, description = text.partition(" ")
+    description = description.strip()
+    cls = _CLASSES.get(code)
+    if cls is not None:
+        fatal = False if publish and code in _NON_FATAL_ON_PUBLISH else None
+        return cls(code, description, fatal=fatal)
+    if code in _PLAIN:
+        fatal, retry = _PLAIN[code]
+        err = ServerError(code, description, fatal=fatal)
+        err.retry = retry
+        return err
+    if code.startswith("E_AUTH"):
+        return AuthFailed(code, description)
+    # Unknown text, e.g. "too much client connections": the server closes after it.
+    if not code.startswith("E_") and code != "INVALID_TRACE_ID":
+        err = ServerError("", text.strip(), fatal=True)
+        err.retry = Retry.SAFE
+        return err
+    return ServerError(code, description, fatal=True)

@@ -1,0 +1,167 @@
+"""Encoders for every command a client sends, classic and Youzan.
+
+Each function returns the exact bytes to write. They do not validate topic or channel names
+(callers do that once, up front, with :mod:`smartnsq.protocol.names`); they do check the things
+only they can see, such as the shape of a message id.
+
+``partition`` is the Youzan fork's optional trailing argument; ``None`` leaves it out, which is
+what classic nsqd expects.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from smartnsq.errors import InvalidArgument
+
+MAGIC_V2 = b"  V2"
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_pack_u32 = _U32.pack
+_pack_u64 = _U64.pack
+
+NOP = b"NOP\n"
+CLS = b"CLS\n"
+
+
+def _line(name: bytes, *params: str | int | None) -> bytes:
+    parts = [name]
+    for p in params:
+        if p is not None:
+            parts.append(str(p).encode())
+    return b" ".join(parts) + b"\n"
+
+
+def _with_body(line: bytes, body: bytes) -> bytes:
+    return b"".join((line, _pack_u32(len(body)), body))
+
+
+def _check_id(message_id: bytes) -> bytes:
+    if len(message_id) != 16:
+        raise InvalidArgument(f"message id must be 16 bytes, got {len(message_id)}")
+    return message_id
+
+
+def _json_header(headers: Mapping[str, Any]) -> bytes:
+    raw = json.dumps(dict(headers), separators=(",", ":")).encode()
+    if len(raw) >= 0xFFFF:
+        raise InvalidArgument(f"ext headers encode to {len(raw)} bytes; the limit is 65534")
+    return raw
+
+
+# -- session ------------------------------------------------------------------------------------
+
+
+def identify(data: Mapping[str, Any]) -> bytes:
+    return _with_body(b"IDENTIFY\n", json.dumps(dict(data)).encode())
+
+
+def auth(secret: bytes) -> bytes:
+    return _with_body(b"AUTH\n", secret)
+
+
+def sub(topic: str, channel: str, partition: int | None = None) -> bytes:
+    return _line(b"SUB", topic, channel, partition)
+
+
+def sub_ordered(topic: str, channel: str, partition: int | None = None) -> bytes:
+    return _line(b"SUB_ORDERED", topic, channel, partition)
+
+
+def sub_advanced(topic: str, channel: str, partition: int, start: str | None = None) -> bytes:
+    """``start`` is e.g. ``timestamp:<unix s>``, ``virtual_queue:<offset>``, ``msgcount:<n>``."""
+    return _line(b"SUB_ADVANCED", topic, channel, partition, start)
+
+
+def rdy(count: int) -> bytes:
+    return b"RDY %d\n" % count
+
+
+def fin(message_id: bytes) -> bytes:
+    return b"FIN " + _check_id(message_id) + b"\n"
+
+
+def req(message_id: bytes, delay_ms: int) -> bytes:
+    return b"REQ " + _check_id(message_id) + b" %d\n" % max(0, int(delay_ms))
+
+
+def touch(message_id: bytes) -> bytes:
+    return b"TOUCH " + _check_id(message_id) + b"\n"
+
+
+# -- publish ------------------------------------------------------------------------------------
+
+
+def pub(topic: str, body: bytes, partition: int | None = None) -> bytes:
+    return _with_body(_line(b"PUB", topic, partition), body)
+
+
+def dpub(topic: str, delay_ms: int, body: bytes) -> bytes:
+    """Deferred publish (classic nsqd only; the fork has no DPUB)."""
+    return _with_body(_line(b"DPUB", topic, int(delay_ms)), body)
+
+
+def mpub_body(bodies: Sequence[bytes]) -> bytes:
+    parts = [_pack_u32(len(bodies))]
+    append = parts.append
+    for b in bodies:
+        append(_pack_u32(len(b)))
+        append(b)
+    return b"".join(parts)
+
+
+def mpub(topic: str, bodies: Sequence[bytes], partition: int | None = None) -> bytes:
+    return _with_body(_line(b"MPUB", topic, partition), mpub_body(bodies))
+
+
+def pub_trace(topic: str, body: bytes, trace_id: int, partition: int | None = None) -> bytes:
+    return _with_body(_line(b"PUB_TRACE", topic, partition), _pack_u64(trace_id) + body)
+
+
+def mpub_trace(
+    topic: str, bodies: Sequence[bytes], trace_ids: Sequence[int], partition: int | None = None
+) -> bytes:
+    if len(bodies) != len(trace_ids):
+        raise InvalidArgument(
+            f"got {len(bodies)} messages but {len(trace_ids)} trace ids; give one per message"
+        )
+    parts = [_pack_u32(len(bodies))]
+    for b, t in zip(bodies, trace_ids, strict=True):
+        parts.append(_pack_u32(8 + len(b)))
+        parts.append(_pack_u64(t))
+        parts.append(b)
+    return _with_body(_line(b"MPUB_TRACE", topic, partition), b"".join(parts))
+
+
+def pub_ext(
+    topic: str, body: bytes, headers: Mapping[str, Any], partition: int | None = None
+) -> bytes:
+    header = _json_header(headers)
+    return _with_body(
+        _line(b"PUB_EXT", topic, partition), b"".join((_U16.pack(len(header)), header, body))
+    )
+
+
+def mpub_ext(
+    topic: str,
+    bodies: Sequence[bytes],
+    headers: Sequence[Mapping[str, Any] | None],
+    partition: int | None = None,
+) -> bytes:
+    if len(bodies) != len(headers):
+        raise InvalidArgument(
+            f"got {len(bodies)} messages but {len(headers)} header sets; give one per message"
+        )
+    parts = [_pack_u32(len(bodies))]
+    for b, h in zip(bodies, headers, strict=True):
+        header = _json_header(h) if h else b""
+        parts.append(_pack_u32(2 + len(header) + len(b)))
+        parts.append(_U16.pack(len(header)))
+        parts.append(header)
+        parts.append(b)
+    return _with_body(_line(b"MPUB_EXT", topic, partition), b"".join(parts))

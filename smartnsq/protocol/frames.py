@@ -1,0 +1,106 @@
+"""Incremental decoding of server frames: ``[size u32][type u32][data]``.
+
+Feed the decoder whatever the socket produced, in any chunking; it returns every complete
+frame as a ``(frame_type, data)`` tuple. Tuples rather than objects keep the consumer's hot
+path free of per-frame allocations beyond the data itself.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from smartnsq.errors import ProtocolError
+
+FRAME_RESPONSE = 0
+FRAME_ERROR = 1
+FRAME_MESSAGE = 2
+
+HEARTBEAT = b"_heartbeat_"
+OK = b"OK"
+CLOSE_WAIT = b"CLOSE_WAIT"
+
+DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
+
+_HEAD = struct.Struct(">iI")
+_unpack_head = _HEAD.unpack_from
+
+Frame = tuple[int, bytes]
+
+
+class FrameDecoder:
+    """Splits a byte stream into frames.
+
+    Raises :class:`~smartnsq.errors.ProtocolError` (and nothing else) on a frame that is too
+    small, larger than ``max_frame_size``, or of an unknown type. After an error the decoder is
+    unusable: the stream has lost its framing.
+    """
+
+    __slots__ = ("_buf", "_failed", "max_frame_size")
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self._buf = bytearray()
+        self.max_frame_size = max_frame_size
+        self._failed = False
+
+    def feed(self, data: bytes, limit: int = -1) -> list[Frame]:
+        """Buffer ``data`` and return the complete frames (at most ``limit`` if >= 0)."""
+        if self._failed:
+            raise ProtocolError("frame decoder already failed; the connection must be closed")
+        buf = self._buf
+        buf += data
+        frames: list[Frame] = []
+        n = len(buf)
+        pos = 0
+        max_size = self.max_frame_size
+        while n - pos >= 8:
+            size, ftype = _unpack_head(buf, pos)
+            if size < 4 or size > max_size:
+                self._failed = True
+                raise ProtocolError(
+                    f"invalid frame size {size} (allowed 4..{max_size}); not an NSQ stream?"
+                )
+            end = pos + 4 + size
+            if end > n:
+                break
+            if ftype > FRAME_MESSAGE:
+                self._failed = True
+                raise ProtocolError(f"unknown frame type {ftype}")
+            frames.append((ftype, bytes(buf[pos + 8 : end])))
+            pos = end
+            if len(frames) == limit:
+                break
+        if pos:
+            del buf[:pos]
+        return frames
+
+    def append(self, data: bytes) -> None:
+        """Buffer ``data`` without parsing; pair with :meth:`next_frame`."""
+        self._buf += data
+
+    def next_frame(self) -> Frame | None:
+        """Parse at most one frame from the buffer.
+
+        During the handshake the stream may switch encoding right after a frame, so the
+        connection must not parse past it.
+        """
+        frames = self.feed(b"", limit=1)
+        return frames[0] if frames else None
+
+    def take_remaining(self) -> bytes:
+        """Remove and return buffered bytes that do not yet form a frame.
+
+        Used when the stream switches encoding (TLS, Snappy, DEFLATE): bytes read past the
+        switch belong to the new encoding.
+        """
+        rest = bytes(self._buf)
+        self._buf.clear()
+        return rest
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+
+def encode_frame(frame_type: int, data: bytes) -> bytes:
+    """Build a server frame (for tests and fakes)."""
+    return _HEAD.pack(len(data) + 4, frame_type) + data
