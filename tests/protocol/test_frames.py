@@ -1,0 +1,102 @@
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from smartnsq.errors import ProtocolError
+from smartnsq.protocol import (
+    FRAME_ERROR,
+    FRAME_MESSAGE,
+    FRAME_RESPONSE,
+    HEARTBEAT,
+    FrameDecoder,
+    encode_frame,
+)
+
+frames_strategy = st.lists(
+    st.tuples(
+        st.sampled_from([FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE]),
+        st.binary(max_size=300),
+    ),
+    max_size=20,
+)
+
+
+def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    out, prev = [], 0
+    for p in [*points, len(data)]:
+        out.append(data[prev:p])
+        prev = p
+    return out
+
+
+@given(frames_strategy, st.lists(st.integers(min_value=0), max_size=30))
+def test_any_chunking_yields_the_same_frames(frames, cuts):
+    stream = b"".join(encode_frame(t, d) for t, d in frames)
+    dec = FrameDecoder()
+    got = []
+    for chunk in chunked(stream, cuts):
+        got.extend(dec.feed(chunk))
+    assert got == frames
+    assert dec.buffered == 0
+
+
+@given(st.binary(max_size=2000), st.lists(st.integers(min_value=0), max_size=10))
+def test_arbitrary_bytes_raise_only_protocol_error(data, cuts):
+    dec = FrameDecoder(max_frame_size=1024)
+    try:
+        for chunk in chunked(data, cuts):
+            for ftype, payload in dec.feed(chunk):
+                assert ftype in (FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE)
+                assert len(payload) <= 1024
+    except ProtocolError:
+        pass
+
+
+def test_heartbeat_is_a_plain_response_frame():
+    dec = FrameDecoder()
+    assert dec.feed(encode_frame(FRAME_RESPONSE, HEARTBEAT)) == [(FRAME_RESPONSE, HEARTBEAT)]
+
+
+def test_frame_larger_than_limit_is_rejected_before_buffering_it():
+    dec = FrameDecoder(max_frame_size=100)
+    with pytest.raises(ProtocolError, match="invalid frame size 105"):
+        dec.feed(struct.pack(">iI", 105, 0))
+    with pytest.raises(ProtocolError, match="already failed"):
+        dec.feed(b"")
+
+
+@pytest.mark.parametrize("size", [-1, 0, 3])
+def test_frame_size_too_small(size):
+    with pytest.raises(ProtocolError):
+        FrameDecoder().feed(struct.pack(">iI", size, 0))
+
+
+def test_unknown_frame_type():
+    with pytest.raises(ProtocolError, match="unknown frame type 7"):
+        FrameDecoder().feed(encode_frame(7, b"x"))
+
+
+def test_partial_frame_waits_for_more():
+    dec = FrameDecoder()
+    frame = encode_frame(FRAME_RESPONSE, b"OK")
+    assert dec.feed(frame[:5]) == []
+    assert dec.buffered == 5
+    assert dec.feed(frame[5:]) == [(FRAME_RESPONSE, b"OK")]
+
+
+def test_next_frame_parses_one_and_leaves_the_rest():
+    dec = FrameDecoder()
+    dec.append(encode_frame(FRAME_RESPONSE, b"OK") + b"\xff\x06\x00\x00sNaPpY")
+    assert dec.next_frame() == (FRAME_RESPONSE, b"OK")
+    assert dec.take_remaining() == b"\xff\x06\x00\x00sNaPpY"
+    assert dec.next_frame() is None
+
+
+def test_feed_limit():
+    dec = FrameDecoder()
+    two = encode_frame(0, b"a") + encode_frame(0, b"b")
+    assert dec.feed(two, limit=1) == [(0, b"a")]
+    assert dec.feed(b"") == [(0, b"b")]
