@@ -456,7 +456,7 @@ class Connection:
 
     async def flush(self) -> None:
         """Write everything queued, in one write, and wait for transport buffer space."""
-        if self.closed:
+        if not self.usable:
             self._out.clear()
             raise self._closed_error()
         if self._out:
@@ -467,6 +467,9 @@ class Connection:
             err = ConnectionClosed(f"writing to nsqd {self.address} failed: {exc!r}")
             self._stop(err)
             raise err from exc
+        except ConnectionClosed:
+            self._stop(self._closed_error())
+            raise
 
     async def send(self, data: bytes) -> None:
         """Queue ``data`` and flush."""
@@ -479,13 +482,24 @@ class Connection:
         Answers arrive in request order. If the caller is cancelled (say, by a timeout), the
         request stays queued so later answers still match their requests.
         """
-        if self.closed:
+        if not self.usable:
             raise self._closed_error()
         waiter = self._waiter_cls(publish)
         self._waiters.append(waiter)
         self._out.append(data)
-        await self.flush()
+        try:
+            await self.flush()
+        except BaseException:
+            # The connection is broken; nobody is going to answer this request.
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+            raise
         return await waiter.wait()
+
+    @property
+    def usable(self) -> bool:
+        """Open, and not known to be going down."""
+        return not self.closed and not self._link.closing
 
     @property
     def pending(self) -> int:

@@ -277,7 +277,7 @@ class Producer:
             conns = self._nodes[0].connections
             if conns and len(conns) >= self._per_node:
                 best = min(conns, key=lambda c: c.pending) if len(conns) > 1 else conns[0]
-                if not best.closed:
+                if best.usable:
                     return best
         return None
 
@@ -327,13 +327,13 @@ class Producer:
         raise NoNsqdAvailable(f"no nsqd reachable; last error: {last}") from last
 
     async def _node_connection(self, node: _Node) -> Connection:
-        conns = [c for c in node.connections if not c.closed]
+        conns = [c for c in node.connections if c.usable]
         if conns:
             best = min(conns, key=lambda c: c.pending)
             if best.pending == 0 or len(conns) >= self._per_node:
                 return best
         async with node.lock:
-            conns = [c for c in node.connections if not c.closed]
+            conns = [c for c in node.connections if c.usable]
             if len(conns) >= self._per_node:
                 return min(conns, key=lambda c: c.pending)
             try:

@@ -36,6 +36,9 @@ class Link(Protocol):
 
     last_read: float
 
+    @property
+    def closing(self) -> bool: ...
+
     async def receive(self) -> bytes: ...
     def write(self, data: bytes) -> None: ...
     async def drain(self) -> None: ...
@@ -74,6 +77,10 @@ class AsyncioLink(asyncio.Protocol):
         self._paused = False
         self._drained: asyncio.Future[None] | None = None
         self.last_read = loop.time()
+
+    @property
+    def closing(self) -> bool:
+        return self._closed.done()
 
     # asyncio.Protocol callbacks
 
@@ -176,7 +183,12 @@ class StreamLink:
         self._stream = stream
         self._out: list[bytes] = []
         self._lock = anyio.Lock()
+        self._closing = False
         self.last_read = anyio.current_time()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     async def receive(self) -> bytes:
         data = await self._stream.receive(_READ_SIZE)
@@ -203,17 +215,22 @@ class StreamLink:
         )
 
     async def run(self, on_data: OnData, after_data: Callable[[], None]) -> None:
-        while True:
-            data = await self._stream.receive(_READ_SIZE)
-            self.last_read = anyio.current_time()
-            on_data(data)
-            after_data()
-            if self._out:
-                await self.drain()
+        try:
+            while True:
+                data = await self._stream.receive(_READ_SIZE)
+                self.last_read = anyio.current_time()
+                on_data(data)
+                after_data()
+                if self._out:
+                    await self.drain()
+        finally:
+            self._closing = True
 
     def abort(self) -> None:
+        self._closing = True
         self._out.clear()
 
     async def aclose(self) -> None:
+        self._closing = True
         with anyio.CancelScope(shield=True):
             await self._stream.aclose()

@@ -7,7 +7,7 @@ import re
 from smartnsq.errors import InvalidChannel, InvalidTopic, InvalidType
 
 MAX_NAME_LENGTH = 64
-_NAME = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
+_NAME = re.compile(r"[.a-zA-Z0-9_-]+(#ephemeral)?")
 
 
 def _check(kind: str, name: object, error: type[InvalidTopic] | type[InvalidChannel]) -> str:
@@ -17,7 +17,7 @@ def _check(kind: str, name: object, error: type[InvalidTopic] | type[InvalidChan
         raise error(
             f"{kind} name {name!r} must be 1 to {MAX_NAME_LENGTH} characters long, not {len(name)}"
         )
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise error(
             f"{kind} name {name!r} may contain only letters, digits, '.', '_' and '-', "
             "optionally followed by '#ephemeral'"

@@ -63,7 +63,12 @@ def test_garbage_raises_only_protocol_error(data, layout):
 def test_classic_layout_hex_id():
     payload = struct.pack(">qH", 123, 2) + b"0a1b2c3d4e5f6071" + b"hello"
     msg = decode_message(payload, CLASSIC, RawMessage)
-    assert (msg.timestamp, msg.attempts, msg.id, msg.body) == (123, 2, b"0a1b2c3d4e5f6071", b"hello")
+    assert (msg.timestamp, msg.attempts, msg.id, msg.body) == (
+        123,
+        2,
+        b"0a1b2c3d4e5f6071",
+        b"hello",
+    )
     assert msg.offset is None and msg.ext is None
 
 

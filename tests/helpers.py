@@ -1,0 +1,93 @@
+"""Polling and inspection helpers shared by the integration tests."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
+
+from smartnsq import Connection, ConnectionConfig
+from smartnsq.protocol import RawMessage, commands, decode_message
+from smartnsq.protocol.message import MessageLayout
+
+T = TypeVar("T")
+
+
+def http_json(url: str, method: str = "GET") -> Any:
+    req = urllib.request.Request(
+        url, method=method, headers={"Accept": "application/vnd.nsq; version=1.0"}
+    )
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        body = resp.read()
+    return json.loads(body) if body else None
+
+
+def topic_stats(nsqd_http: str, topic: str) -> dict[str, Any] | None:
+    stats = http_json(f"http://{nsqd_http}/stats?format=json&topic={topic}")
+    for t in stats.get("topics") or []:
+        if t["topic_name"] == topic:
+            return t
+    return None
+
+
+def channel_stats(nsqd_http: str, topic: str, channel: str) -> dict[str, Any] | None:
+    t = topic_stats(nsqd_http, topic)
+    for c in (t or {}).get("channels") or []:
+        if c["channel_name"] == channel:
+            return c
+    return None
+
+
+def create_channel(nsqd_http: str, topic: str, channel: str) -> None:
+    http_json(f"http://{nsqd_http}/topic/create?topic={topic}", "POST")
+    http_json(f"http://{nsqd_http}/channel/create?topic={topic}&channel={channel}", "POST")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 10.0, what: str = "condition") -> T:
+    """Poll ``predicate`` until it returns something truthy, or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: T = predicate()
+    while not last:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+        time.sleep(0.05)
+        last = predicate()
+    return last
+
+
+async def drain(
+    nsqd_tcp: str,
+    topic: str,
+    channel: str,
+    count: int,
+    *,
+    timeout: float = 20.0,
+    layout: MessageLayout | None = None,
+    sub: bytes | None = None,
+) -> list[RawMessage]:
+    """Read ``count`` messages with a bare connection (SUB + RDY + FIN), independent of Consumer."""
+    conn = await Connection.open(nsqd_tcp, ConnectionConfig())
+    got: list[RawMessage] = []
+    done = anyio.Event()
+    lay = layout or MessageLayout(binary_id=conn.features.youzan)
+
+    def on_message(data: bytes) -> None:
+        msg = decode_message(data, lay, RawMessage)
+        got.append(msg)
+        conn.queue(commands.fin(msg.id))
+        if len(got) >= count:
+            done.set()
+
+    conn.on_message = on_message
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(conn.run)
+        await conn.request(sub or commands.sub(topic, channel))
+        await conn.send(commands.rdy(min(2500, max(count, 1))))
+        with anyio.fail_after(timeout):
+            await done.wait()
+        await conn.close(timeout=1)
+    return got

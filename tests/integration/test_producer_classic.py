@@ -1,0 +1,328 @@
+"""Producer against a real classic nsqd (v1.3.x) started by compat/."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import ssl
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import anyio
+import pytest
+import trustme
+
+from smartnsq import Connection, ConnectionConfig, Producer
+from smartnsq.errors import (
+    AuthFailed,
+    ConnectFailed,
+    InvalidArgument,
+    InvalidTopic,
+    InvalidType,
+    MessageTooLarge,
+    NSQError,
+)
+from tests.helpers import channel_stats, create_channel, drain, topic_stats, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{random.getrandbits(40):x}"
+
+
+async def test_pub_mpub_arrive(classic_cluster, anyio_backend):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("pub")
+    async with Producer([nsqd.tcp]) as producer:
+        await producer.publish(topic, b"one")
+        await producer.publish_many(topic, [b"two", b"three", b"four"])
+    stats = wait_for(lambda: topic_stats(nsqd.http, topic), what="topic stats")
+    assert stats["message_count"] == 4
+    got = await drain(nsqd.tcp, topic, "c", 4)
+    assert sorted(m.body for m in got) == [b"four", b"one", b"three", b"two"]
+
+
+async def test_mpub_splits_batches_over_the_body_limit(classic_cluster, anyio_backend):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("split")
+    bodies = [bytes([65 + i % 26]) * 1000 for i in range(50)]
+    # max_body_size 10 KiB forces 50 x 1 KB into 6 MPUBs; order is kept across them.
+    async with Producer([nsqd.tcp], max_message_size=2000, max_body_size=10_240) as producer:
+        await producer.publish_many(topic, bodies)
+    got = await drain(nsqd.tcp, topic, "c", 50)
+    assert sorted(m.body for m in got) == sorted(bodies)
+    assert topic_stats(nsqd.http, topic)["message_count"] == 50
+
+
+async def test_dpub_is_deferred(classic_cluster, anyio_backend):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("dpub")
+    create_channel(nsqd.http, topic, "c")
+    async with Producer([nsqd.tcp]) as producer:
+        await producer.publish(topic, b"later", delay=1.5)
+    stats = channel_stats(nsqd.http, topic, "c")
+    assert stats is not None
+    assert stats["deferred_count"] == 1 and stats["depth"] == 0
+    wait_for(
+        lambda: channel_stats(nsqd.http, topic, "c")["depth"] == 1,  # type: ignore[index]
+        timeout=10,
+        what="deferred message to become ready",
+    )
+    assert channel_stats(nsqd.http, topic, "c")["deferred_count"] == 0  # type: ignore[index]
+
+
+async def test_bad_input_raises_before_sending(classic_cluster, anyio_backend):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("bad")
+    async with Producer([nsqd.tcp], max_message_size=100) as producer:
+        with pytest.raises(InvalidArgument, match="empty"):
+            await producer.publish(topic, b"")
+        with pytest.raises(InvalidType, match="encode it first"):
+            await producer.publish(topic, "text")  # type: ignore[arg-type]
+        with pytest.raises(InvalidTopic):
+            await producer.publish("bad topic", b"x")
+        with pytest.raises(MessageTooLarge, match="max_message_size"):
+            await producer.publish(topic, b"x" * 101)
+        with pytest.raises(MessageTooLarge):
+            await producer.publish_many(topic, [b"ok", b"x" * 101])
+        with pytest.raises(InvalidArgument, match="at least one"):
+            await producer.publish_many(topic, [])
+        with pytest.raises(InvalidArgument, match="delay"):
+            await producer.publish(topic, b"x", delay=-1)
+    assert topic_stats(nsqd.http, topic) is None  # nothing reached the server
+
+
+def test_bad_configuration():
+    with pytest.raises(InvalidArgument, match="at least one"):
+        Producer([])
+    with pytest.raises(InvalidArgument, match="non-numeric port"):
+        Producer(["nohost:"])
+    with pytest.raises(InvalidArgument, match="snappy or deflate"):
+        Producer(["127.0.0.1:4150"], snappy=True, deflate=True)
+
+
+async def test_server_rejects_oversized_message_without_retry(cluster_factory, anyio_backend):
+    cluster = cluster_factory("classic", nsqd_args=["--max-msg-size=500"])
+    nsqd = cluster.nsqd[0]
+    async with Producer([nsqd.tcp], max_retries=5) as producer:
+        with pytest.raises(NSQError, match="E_BAD_MESSAGE"):
+            await producer.publish("big", b"x" * 600)
+        await producer.publish("big", b"fits")  # a fresh connection replaces the closed one
+    assert topic_stats(nsqd.http, "big")["message_count"] == 1  # type: ignore[index]
+
+
+async def test_pipelined_concurrent_publish(classic_cluster, anyio_backend):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("conc")
+    async with Producer([nsqd.tcp]) as producer:
+
+        async def worker(w: int) -> None:
+            for i in range(50):
+                await producer.publish(topic, f"{w}-{i}".encode())
+
+        async with anyio.create_task_group() as tg:
+            for w in range(20):
+                tg.start_soon(worker, w)
+    got = await drain(nsqd.tcp, topic, "c", 1000)
+    assert len({m.body for m in got}) == 1000
+
+
+@pytest.mark.parametrize("compression", ["snappy", "deflate"])
+async def test_compression(classic_cluster, anyio_backend, compression):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique(compression)
+    config = ConnectionConfig(**{compression: True})
+    conn = await Connection.open(nsqd.tcp, config)
+    assert getattr(conn.features, compression) is True
+    await conn.close()
+    body = b"compressible " * 200
+    async with Producer([nsqd.tcp], **{compression: True}) as producer:
+        for _ in range(20):
+            await producer.publish(topic, body)
+        await producer.publish_many(topic, [body] * 20)
+    assert topic_stats(nsqd.http, topic)["message_count"] == 40  # type: ignore[index]
+
+
+# -- TLS ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory, tls_ca) -> Iterator[object]:
+    from compat.cluster import Cluster
+
+    d: Path = tmp_path_factory.mktemp("tls")
+    cert = tls_ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_pem.write_to_path(str(d / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
+    cluster = Cluster.start(
+        kind="classic",
+        dir=d / "cluster",
+        nsqd=1,
+        nsqd_args=[
+            f"--tls-cert={d / 'cert.pem'}",
+            f"--tls-key={d / 'key.pem'}",
+            "--tls-required=tcp-https",  # TCP needs TLS; plain HTTP stays for readiness checks
+        ],
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def test_tls_publish_with_verification(tls_cluster, tls_ca, anyio_backend):
+    nsqd = tls_cluster.nsqd[0]  # type: ignore[attr-defined]
+    topic = unique("tls")
+    ctx = ssl.create_default_context()
+    tls_ca.configure_trust(ctx)
+    async with Producer([nsqd.tcp], tls=ctx, snappy=True) as producer:
+        await producer.publish(topic, b"secure")
+        await producer.publish_many(topic, [b"a", b"b"])
+    assert topic_stats(nsqd.http, topic)["message_count"] == 3
+
+
+async def test_tls_rejects_an_untrusted_certificate(tls_cluster, anyio_backend):
+    nsqd = tls_cluster.nsqd[0]  # type: ignore[attr-defined]
+    # Default context: the test CA is not trusted, so verification must fail.
+    with pytest.raises(ConnectFailed):
+        await Connection.open(nsqd.tcp, ConnectionConfig(tls=True))
+
+
+async def test_tls_required_by_server_without_client_tls_fails(tls_cluster, anyio_backend):
+    nsqd = tls_cluster.nsqd[0]  # type: ignore[attr-defined]
+    async with Producer([nsqd.tcp], max_retries=0) as producer:
+        with pytest.raises(NSQError):
+            await producer.publish("plain", b"x")
+
+
+# -- AUTH -----------------------------------------------------------------------------------------
+
+
+class _AuthHandler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        query = parse_qs(urlparse(self.path).query)
+        secret = query.get("secret", [""])[0]
+        if secret != "good-secret":
+            self.send_response(403)
+            self.end_headers()
+            self.wfile.write(b'{"message":"bad secret"}')
+            return
+        body = {
+            "ttl": 3600,
+            "identity": "tester",
+            "identity_url": "",
+            "authorizations": [
+                {"topic": "auth_.*", "channels": [".*"], "permissions": ["subscribe", "publish"]}
+            ],
+        }
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps(body).encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def auth_server() -> Iterator[str]:
+    server = HTTPServer(("127.0.0.1", 0), _AuthHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+async def test_auth(cluster_factory, auth_server, anyio_backend):
+    cluster = cluster_factory("classic", nsqd_args=[f"--auth-http-address={auth_server}"])
+    nsqd = cluster.nsqd[0]
+    async with Producer([nsqd.tcp], auth_secret="good-secret") as producer:
+        await producer.publish("auth_ok", b"allowed")
+    assert topic_stats(nsqd.http, "auth_ok")["message_count"] == 1  # type: ignore[index]
+    conn = await Connection.open(nsqd.tcp, ConnectionConfig(auth_secret="good-secret"))
+    assert conn.features.auth_required and conn.auth and conn.auth["identity"] == "tester"
+    await conn.close()
+    with pytest.raises(AuthFailed):
+        await Connection.open(nsqd.tcp, ConnectionConfig(auth_secret="wrong"))
+    with pytest.raises(ConnectFailed, match="requires AUTH"):
+        await Connection.open(nsqd.tcp, ConnectionConfig())
+    async with Producer([nsqd.tcp], auth_secret="good-secret", max_retries=0) as producer:
+        with pytest.raises(NSQError, match="E_UNAUTHORIZED"):
+            await producer.publish("not_allowed", b"x")
+
+
+# -- failures -------------------------------------------------------------------------------------
+
+
+async def test_restart_mid_publish_loses_nothing(cluster_factory, anyio_backend):
+    """Every publish either succeeded or raised, and every success is in the topic."""
+    cluster = cluster_factory("classic")
+    nsqd = cluster.nsqd[0]
+    topic = unique("restart")
+    create_channel(nsqd.http, topic, "c")
+    ok: list[bytes] = []
+    failed: list[bytes] = []
+    restarted = anyio.Event()
+
+    async with Producer([nsqd.tcp], timeout=5, max_retries=2, retry_backoff=0.05) as producer:
+
+        async def worker(w: int) -> None:
+            i = 0
+            while not restarted.is_set() or i < 300:
+                body = f"{w}-{i}".encode()
+                i += 1
+                try:
+                    await producer.publish(topic, body)
+                    ok.append(body)
+                except NSQError:
+                    failed.append(body)
+                    await anyio.sleep(0.01)
+
+        async with anyio.create_task_group() as tg:
+            for w in range(8):
+                tg.start_soon(worker, w)
+            with anyio.fail_after(30):
+                while len(ok) < 500:
+                    await anyio.sleep(0.01)
+            # A graceful restart: nsqd persists its in-memory queue on SIGTERM.
+            await anyio.to_thread.run_sync(
+                lambda: (cluster.kill_nsqd(0, signal.SIGTERM), cluster.restart_nsqd(0))
+            )
+            restarted.set()
+
+    assert len(ok) >= 8 * 300
+    got = await drain(nsqd.tcp, topic, "c", len(ok), timeout=30)
+    received = {m.body for m in got}
+    missing = set(ok) - received
+    assert not missing, f"{len(missing)} acknowledged messages are missing"
+
+
+async def test_failover_to_another_nsqd(cluster_factory, anyio_backend):
+    cluster = cluster_factory("classic", nsqd=2)
+    a, b = cluster.nsqd
+    topic = unique("failover")
+    async with Producer([a.tcp, b.tcp], timeout=10) as producer:
+        for i in range(10):
+            await producer.publish(topic, b"before %d" % i)
+        await anyio.to_thread.run_sync(lambda: cluster.kill_nsqd(0))
+        for i in range(50):
+            await producer.publish(topic, b"after %d" % i)
+    assert topic_stats(b.http, topic)["message_count"] >= 50  # type: ignore[index]
+
+
+async def test_unreachable_nsqd_raises(anyio_backend):
+    async with Producer(["127.0.0.1:1"], timeout=2, max_retries=1) as producer:
+        with pytest.raises(NSQError, match="127.0.0.1:1"):
+            await producer.publish("t", b"x")
