@@ -68,18 +68,24 @@ async def drain(
     timeout: float = 20.0,
     layout: MessageLayout | None = None,
     sub: bytes | None = None,
+    distinct: bool = False,
 ) -> list[RawMessage]:
-    """Read ``count`` messages with a bare connection (SUB + RDY + FIN), independent of Consumer."""
+    """Read ``count`` messages with a bare connection (SUB + RDY + FIN), independent of Consumer.
+
+    With ``distinct``, count distinct message ids (redeliveries are returned but not counted).
+    """
     conn = await Connection.open(nsqd_tcp, ConnectionConfig())
     got: list[RawMessage] = []
+    ids: set[bytes] = set()
     done = anyio.Event()
     lay = layout or MessageLayout(binary_id=conn.features.youzan)
 
     def on_message(data: bytes) -> None:
         msg = decode_message(data, lay, RawMessage)
         got.append(msg)
+        ids.add(msg.id)
         conn.queue(commands.fin(msg.id))
-        if len(got) >= count:
+        if (len(ids) if distinct else len(got)) >= count:
             done.set()
 
     conn.on_message = on_message

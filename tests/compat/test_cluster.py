@@ -27,7 +27,9 @@ def _topic_stats(nsqd_http: str, topic: str) -> list[dict[str, object]]:
     return [t for t in stats["topics"] if t["topic_name"] == topic]
 
 
-def _pub(nsqd_http: str, topic: str, body: bytes, partition: int | None = None) -> tuple[int, bytes]:
+def _pub(
+    nsqd_http: str, topic: str, body: bytes, partition: int | None = None
+) -> tuple[int, bytes]:
     q = {"topic": topic} if partition is None else {"topic": topic, "partition": str(partition)}
     return http_request(f"http://{nsqd_http}/pub?{urllib.parse.urlencode(q)}", "POST", body)
 
@@ -59,8 +61,14 @@ def test_classic_kill_and_restart(cluster_factory: ClusterFactory) -> None:
 
 def test_cli_start_stop(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "compat.cluster"]
-    out = subprocess.run([*cmd, "start", "--kind", "classic", "--dir", str(tmp_path)],
-                         cwd=REPO, check=True, capture_output=True, text=True, timeout=120).stdout
+    out = subprocess.run(
+        [*cmd, "start", "--kind", "classic", "--dir", str(tmp_path)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     info = json.loads(out)
     try:
         assert http_request(f"http://{info['nsqd_http'][0]}/ping")[0] == 200
@@ -83,7 +91,8 @@ def test_youzan_partitioned_topic(youzan_cluster: Cluster) -> None:
         http = f"{node['broadcast_address']}:{node['http_port']}"
         status, body = _pub(http, "yz_t", b"msg-" + p.encode(), partition=int(p))
         assert status == 200, body
-    total = sum(int(t["message_count"]) for d in youzan_cluster.nsqd
-                for t in _topic_stats(d.http, "yz_t"))  # type: ignore[call-overload]
+    total = sum(
+        int(t["message_count"]) for d in youzan_cluster.nsqd for t in _topic_stats(d.http, "yz_t")
+    )  # type: ignore[call-overload]
     assert total == 2
     assert set(lookup(youzan_cluster.lookupd[0].http, "yz_t", "r")["partitions"]) == {"0", "1"}
