@@ -50,6 +50,8 @@ log = logging.getLogger("smartnsq.connection")
 
 # Failures of these commands arrive as error frames with no request waiting for them.
 _ASYNC_ERRORS = (b"E_FIN_FAILED", b"E_REQ_FAILED", b"E_TOUCH_FAILED")
+_TICK = 0.05  # resolution of request deadlines
+_INF = float("inf")
 
 
 def parse_address(address: str, default_port: int = 4150) -> tuple[str, int]:
@@ -173,15 +175,18 @@ class Features:
 class _EventWaiter:
     """Waits for one answer on any anyio backend."""
 
-    __slots__ = ("error", "event", "publish", "result")
+    __slots__ = ("deadline", "error", "event", "publish", "result")
 
-    def __init__(self, publish: bool) -> None:
+    def __init__(self, publish: bool, deadline: float) -> None:
         self.event = anyio.Event()
         self.result = b""
         self.error: BaseException | None = None
         self.publish = publish
+        self.deadline = deadline
 
     def set(self, result: bytes, error: BaseException | None) -> None:
+        if self.event.is_set():  # already expired
+            return
         self.result = result
         self.error = error
         self.event.set()
@@ -196,11 +201,12 @@ class _EventWaiter:
 class _FutureWaiter:
     """Waits for one answer on asyncio, with a bare future (cheapest there)."""
 
-    __slots__ = ("future", "publish")
+    __slots__ = ("deadline", "future", "publish")
 
-    def __init__(self, publish: bool) -> None:
+    def __init__(self, publish: bool, deadline: float) -> None:
         self.future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.publish = publish
+        self.deadline = deadline
 
     def set(self, result: bytes, error: BaseException | None) -> None:
         if self.future.done():  # the caller gave up (cancelled)
@@ -365,21 +371,16 @@ class Connection:
 
     async def run(self) -> None:
         """Deliver incoming frames until the connection closes, for whatever reason."""
-        interval = self.config.heartbeat_interval
         reason: BaseException | None = None
         with anyio.CancelScope() as scope:
             self._scope = scope
             if self.closed:
                 scope.cancel()
             try:
-                if interval > 0:
-                    async with anyio.create_task_group() as tg:
-                        # nsqd closes after two missed heartbeats; we give up a little later.
-                        tg.start_soon(self._watchdog, interval * 2 + 5)
-                        await self._link.run(self._on_data, self._after_data)
-                        tg.cancel_scope.cancel()
-                else:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._watchdog)
                     await self._link.run(self._on_data, self._after_data)
+                    tg.cancel_scope.cancel()
             except anyio.EndOfStream:
                 pass
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
@@ -393,17 +394,28 @@ class Connection:
             reason or ConnectionClosed(f"nsqd {self.address} closed the connection")
         )
 
-    async def _watchdog(self, limit: float) -> None:
+    async def _watchdog(self) -> None:
+        """Expire requests past their deadline; give up on a silent server.
+
+        One ticking task per connection is far cheaper than a timer per request.
+        """
+        interval = self.config.heartbeat_interval
+        # nsqd closes after two missed heartbeats; we give up a little later than that.
+        silence_limit = interval * 2 + 5 if interval > 0 else None
         while True:
-            idle = anyio.current_time() - self._link.last_read
-            if idle > limit:
-                self._stop_reason = NSQTimeout(
-                    f"no data (not even heartbeats) from nsqd {self.address} for {idle:.0f}s"
+            await anyio.sleep(_TICK)
+            now = anyio.current_time()
+            if silence_limit is not None and now - self._link.last_read > silence_limit:
+                idle = now - self._link.last_read
+                self._stop(
+                    NSQTimeout(
+                        f"no data (not even heartbeats) from nsqd {self.address} for {idle:.0f}s"
+                    )
                 )
-                if self._scope is not None:
-                    self._scope.cancel()
                 return
-            await anyio.sleep(limit - idle + 0.1)
+            for waiter in self._waiters:
+                if waiter.deadline <= now:
+                    waiter.set(b"", NSQTimeout(f"nsqd {self.address} did not answer in time"))
 
     def _on_data(self, data: bytes) -> None:
         if self._decompress is not None:
@@ -476,15 +488,18 @@ class Connection:
         self._out.append(data)
         await self.flush()
 
-    async def request(self, data: bytes, *, publish: bool = False) -> bytes:
+    async def request(
+        self, data: bytes, *, publish: bool = False, timeout: float | None = None
+    ) -> bytes:
         """Send a command that nsqd answers, and return the answer's payload.
 
-        Answers arrive in request order. If the caller is cancelled (say, by a timeout), the
-        request stays queued so later answers still match their requests.
+        Answers arrive in request order. A request that times out (:class:`NSQTimeout`) or
+        whose caller is cancelled stays queued, so later answers still match their requests.
         """
         if not self.usable:
             raise self._closed_error()
-        waiter = self._waiter_cls(publish)
+        deadline = _INF if timeout is None else anyio.current_time() + timeout
+        waiter = self._waiter_cls(publish, deadline)
         self._waiters.append(waiter)
         self._out.append(data)
         try:

@@ -6,6 +6,7 @@ import logging
 import math
 import random
 import ssl
+import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ log = logging.getLogger("smartnsq.producer")
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024  # nsqd --max-msg-size default
 DEFAULT_MAX_BODY_SIZE = 5 * 1024 * 1024  # nsqd --max-body-size default
 _MAX_DOWN = 30.0  # longest we avoid an nsqd that refused us
+_pack_u32 = struct.Struct(">I").pack
 
 
 def _check_body(body: object) -> bytes:
@@ -145,6 +147,7 @@ class Producer:
         self.max_message_size = max_message_size
         self.max_body_size = max_body_size
         self._topics: set[str] = set()
+        self._pub_lines: dict[str, bytes] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
 
@@ -193,7 +196,10 @@ class Producer:
                 f"({self.max_message_size}); nsqd would reject it"
             )
         if delay is None:
-            await self._send(commands.pub(topic, body), timeout)
+            line = self._pub_lines.get(topic)
+            if line is None:
+                line = self._pub_lines[topic] = b"PUB %s\n" % topic.encode()
+            await self._send(b"".join((line, _pack_u32(len(body)), body)), timeout)
             return
         if not isinstance(delay, int | float) or not math.isfinite(delay) or delay < 0:
             raise InvalidArgument(f"delay must be a finite number of seconds >= 0, not {delay!r}")
@@ -254,9 +260,8 @@ class Producer:
         conn = self._ready_connection()
         if conn is not None and not deferred:
             try:
-                with anyio.fail_after(limit):
-                    return await conn.request(data, publish=True)
-            except TimeoutError:
+                return await conn.request(data, publish=True, timeout=limit)
+            except NSQTimeout:
                 raise self._timeout_error(limit) from None
             except (ConnectionClosed, ServerError) as exc:
                 self._check_retryable(exc, conn)

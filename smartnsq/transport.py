@@ -76,6 +76,8 @@ class AsyncioLink(asyncio.Protocol):
         self._closed: asyncio.Future[BaseException | None] = loop.create_future()
         self._paused = False
         self._drained: asyncio.Future[None] | None = None
+        self._wbuf: list[bytes] = []
+        self._flush_scheduled = False
         self.last_read = loop.time()
 
     @property
@@ -138,9 +140,22 @@ class AsyncioLink(asyncio.Protocol):
         return self._chunks.popleft()
 
     def write(self, data: bytes) -> None:
+        # Writes made in one pass of the event loop (many tasks publishing, FINs for a batch
+        # of messages) go out together in one send at the end of the pass.
         if self._transport is None or self._closed.done():
             raise ConnectionClosed("connection is closed")
-        self._transport.write(data)
+        self._wbuf.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        buf = self._wbuf
+        if buf and self._transport is not None and not self._closed.done():
+            data = buf[0] if len(buf) == 1 else b"".join(buf)
+            buf.clear()
+            self._transport.write(data)
 
     async def drain(self) -> None:
         while self._paused and not self._closed.done():

@@ -69,10 +69,12 @@ async def drain(
     layout: MessageLayout | None = None,
     sub: bytes | None = None,
     distinct: bool = False,
+    until: Callable[[list[RawMessage]], bool] | None = None,
 ) -> list[RawMessage]:
     """Read ``count`` messages with a bare connection (SUB + RDY + FIN), independent of Consumer.
 
     With ``distinct``, count distinct message ids (redeliveries are returned but not counted).
+    With ``until``, stop when it returns true for the messages so far (``count`` sets RDY).
     """
     conn = await Connection.open(nsqd_tcp, ConnectionConfig())
     got: list[RawMessage] = []
@@ -85,7 +87,10 @@ async def drain(
         got.append(msg)
         ids.add(msg.id)
         conn.queue(commands.fin(msg.id))
-        if (len(ids) if distinct else len(got)) >= count:
+        if until is not None:
+            if until(got):
+                done.set()
+        elif (len(ids) if distinct else len(got)) >= count:
             done.set()
 
     conn.on_message = on_message

@@ -8,21 +8,20 @@ import subprocess
 import sys
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from compat.cluster import Cluster, http_json, http_request
-from compat.pytest_plugin import ClusterFactory, classic_cluster, cluster_factory, youzan_cluster
+from compat.pytest_plugin import ClusterFactory
 from compat.youzan import create_topic, lookup
-
-__all__ = ["classic_cluster", "cluster_factory", "youzan_cluster"]  # re-exported fixtures
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _topic_stats(nsqd_http: str, topic: str) -> list[dict[str, object]]:
+def _topic_stats(nsqd_http: str, topic: str) -> list[dict[str, Any]]:
     stats = http_json(f"http://{nsqd_http}/stats?format=json&topic={topic}")
     return [t for t in stats["topics"] if t["topic_name"] == topic]
 
@@ -93,6 +92,6 @@ def test_youzan_partitioned_topic(youzan_cluster: Cluster) -> None:
         assert status == 200, body
     total = sum(
         int(t["message_count"]) for d in youzan_cluster.nsqd for t in _topic_stats(d.http, "yz_t")
-    )  # type: ignore[call-overload]
+    )
     assert total == 2
     assert set(lookup(youzan_cluster.lookupd[0].http, "yz_t", "r")["partitions"]) == {"0", "1"}
