@@ -245,9 +245,7 @@ class Connection:
         self.close_reason: BaseException | None = None
         self._link = link
         self._decoder = FrameDecoder(config.max_frame_size)
-        self._compress: Callable[[bytes], bytes] | None = None
         self._decompress: Callable[[bytes], bytes] | None = None
-        self._out: list[bytes] = []
         self._waiters: deque[_Waiter] = deque()
         self._waiter_cls: type[_Waiter] = _FutureWaiter if running_on_asyncio() else _EventWaiter
         self._scope: anyio.CancelScope | None = None
@@ -319,7 +317,7 @@ class Connection:
             raise ProtocolError(f"expected OK after {step}, got {payload[:64]!r}")
 
     async def _write_now(self, data: bytes) -> None:
-        self._link.write(self._compress(data) if self._compress is not None else data)
+        self._link.write(data)
         await self._link.drain()
 
     async def _handshake(self, host: str) -> None:
@@ -346,11 +344,11 @@ class Connection:
             rest = self._decoder.take_remaining()
             if f.snappy:
                 comp, decomp = snappy.StreamCompressor(), snappy.StreamDecompressor()
-                self._compress, self._decompress = comp.add_chunk, decomp.decompress
+                self._link.compress, self._decompress = comp.add_chunk, decomp.decompress
             else:
                 zc = zlib.compressobj(cfg.deflate_level, zlib.DEFLATED, -15)
                 zd = zlib.decompressobj(-15)
-                self._compress = lambda d: zc.compress(d) + zc.flush(zlib.Z_SYNC_FLUSH)
+                self._link.compress = lambda d: zc.compress(d) + zc.flush(zlib.Z_SYNC_FLUSH)
                 self._decompress = zd.decompress
             if rest:
                 self._decoder.append(self._decompress(rest))
@@ -426,7 +424,7 @@ class Connection:
                     self.on_message(payload)
             elif ftype == FRAME_RESPONSE:
                 if payload == HEARTBEAT:
-                    self._out.append(commands.NOP)
+                    self._link.write(commands.NOP)
                 elif self._waiters:
                     self._waiters.popleft().set(payload, None)
                 else:
@@ -437,8 +435,6 @@ class Connection:
     def _after_data(self) -> None:
         if self.after_read is not None:
             self.after_read()
-        if self._out:
-            self._write_out()
 
     def _on_error_frame(self, payload: bytes) -> None:
         if payload.startswith(_ASYNC_ERRORS) or not self._waiters:
@@ -456,36 +452,29 @@ class Connection:
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def _write_out(self) -> None:
-        out = self._out
-        data = out[0] if len(out) == 1 else b"".join(out)
-        out.clear()
-        self._link.write(self._compress(data) if self._compress is not None else data)
-
     def queue(self, data: bytes) -> None:
-        """Add a command to the outgoing buffer; :meth:`flush` (or the reader) sends it."""
-        self._out.append(data)
+        """Send a command soon, coalesced with others; never blocks.
+
+        Raises :class:`ConnectionClosed` if the connection is (going) down.
+        """
+        if not self.usable:
+            raise self._closed_error()
+        self._link.write(data)
 
     async def flush(self) -> None:
-        """Write everything queued, in one write, and wait for transport buffer space."""
+        """Wait until the transport has room for more (backpressure)."""
         if not self.usable:
-            self._out.clear()
             raise self._closed_error()
-        if self._out:
-            self._write_out()
         try:
             await self._link.drain()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             err = ConnectionClosed(f"writing to nsqd {self.address} failed: {exc!r}")
             self._stop(err)
             raise err from exc
-        except ConnectionClosed:
-            self._stop(self._closed_error())
-            raise
 
     async def send(self, data: bytes) -> None:
-        """Queue ``data`` and flush."""
-        self._out.append(data)
+        """Queue ``data`` and wait for transport buffer space."""
+        self.queue(data)
         await self.flush()
 
     async def request(
@@ -500,8 +489,8 @@ class Connection:
             raise self._closed_error()
         deadline = _INF if timeout is None else anyio.current_time() + timeout
         waiter = self._waiter_cls(publish, deadline)
+        self._link.write(data)
         self._waiters.append(waiter)
-        self._out.append(data)
         try:
             await self.flush()
         except BaseException:

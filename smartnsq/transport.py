@@ -10,6 +10,11 @@ Two implementations of one small interface:
 
 Both deliver received bytes to ``on_data`` (a plain function) once the handshake is over.
 Before that, :meth:`receive` reads them one chunk at a time.
+
+Writes never block: :meth:`write` buffers, and everything written during one pass of the
+event loop (many publishing tasks, the FINs for a batch of messages) goes out as one send,
+compressed as a whole when compression is on. :meth:`drain` waits while the transport's
+buffer is full.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class Link(Protocol):
     """What a connection needs from its transport."""
 
     last_read: float
+    compress: Callable[[bytes], bytes] | None
 
     @property
     def closing(self) -> bool: ...
@@ -78,6 +84,7 @@ class AsyncioLink(asyncio.Protocol):
         self._drained: asyncio.Future[None] | None = None
         self._wbuf: list[bytes] = []
         self._flush_scheduled = False
+        self.compress: Callable[[bytes], bytes] | None = None
         self.last_read = loop.time()
 
     @property
@@ -140,8 +147,6 @@ class AsyncioLink(asyncio.Protocol):
         return self._chunks.popleft()
 
     def write(self, data: bytes) -> None:
-        # Writes made in one pass of the event loop (many tasks publishing, FINs for a batch
-        # of messages) go out together in one send at the end of the pass.
         if self._transport is None or self._closed.done():
             raise ConnectionClosed("connection is closed")
         self._wbuf.append(data)
@@ -155,6 +160,8 @@ class AsyncioLink(asyncio.Protocol):
         if buf and self._transport is not None and not self._closed.done():
             data = buf[0] if len(buf) == 1 else b"".join(buf)
             buf.clear()
+            if self.compress is not None:
+                data = self.compress(data)
             self._transport.write(data)
 
     async def drain(self) -> None:
@@ -198,7 +205,9 @@ class StreamLink:
         self._stream = stream
         self._out: list[bytes] = []
         self._lock = anyio.Lock()
+        self._dirty = anyio.Event()
         self._closing = False
+        self.compress: Callable[[bytes], bytes] | None = None
         self.last_read = anyio.current_time()
 
     @property
@@ -211,7 +220,10 @@ class StreamLink:
         return data
 
     def write(self, data: bytes) -> None:
+        if self._closing:
+            raise ConnectionClosed("connection is closed")
         self._out.append(data)
+        self._dirty.set()
 
     async def drain(self) -> None:
         if not self._out:
@@ -222,6 +234,8 @@ class StreamLink:
                 return
             data = out[0] if len(out) == 1 else b"".join(out)
             out.clear()
+            if self.compress is not None:
+                data = self.compress(data)
             await self._stream.send(data)
 
     async def start_tls(self, context: ssl.SSLContext, hostname: str) -> None:
@@ -229,15 +243,21 @@ class StreamLink:
             self._stream, hostname=hostname, ssl_context=context, standard_compatible=False
         )
 
+    async def _writer(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty = anyio.Event()
+            await self.drain()
+
     async def run(self, on_data: OnData, after_data: Callable[[], None]) -> None:
         try:
-            while True:
-                data = await self._stream.receive(_READ_SIZE)
-                self.last_read = anyio.current_time()
-                on_data(data)
-                after_data()
-                if self._out:
-                    await self.drain()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._writer)
+                while True:
+                    data = await self._stream.receive(_READ_SIZE)
+                    self.last_read = anyio.current_time()
+                    on_data(data)
+                    after_data()
         finally:
             self._closing = True
 
