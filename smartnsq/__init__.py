@@ -2,13 +2,18 @@
 
 from smartnsq._version import __version__
 from smartnsq.connection import Connection, ConnectionConfig, Features
+from smartnsq.consumer import Consumer, ConsumerStats
+from smartnsq.message import Message
 from smartnsq.producer import Producer
 from smartnsq.protocol.message import PublishResult
 
 __all__ = [
     "Connection",
     "ConnectionConfig",
+    "Consumer",
+    "ConsumerStats",
     "Features",
+    "Message",
     "Producer",
     "PublishResult",
     "__version__",

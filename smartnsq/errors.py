@@ -33,6 +33,7 @@ __all__ = [
     "InvalidCommand",
     "InvalidTopic",
     "InvalidType",
+    "LookupFailed",
     "MessageTooLarge",
     "NSQError",
     "NSQTimeout",
@@ -122,6 +123,10 @@ class PartialPublish(NSQError):
     def __init__(self, message: str, published: int) -> None:
         super().__init__(message)
         self.published = published
+
+
+class LookupFailed(NSQError):
+    """A lookupd could not be asked, or gave an unusable answer."""
 
 
 class TopicNotFound(NSQError):

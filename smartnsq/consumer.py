@@ -1,0 +1,720 @@
+"""The consuming front door: :class:`Consumer`."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import math
+import random
+import ssl
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+import httpx
+
+from smartnsq.connection import Connection, ConnectionConfig, parse_address
+from smartnsq.errors import (
+    ConnectionClosed,
+    InvalidArgument,
+    InvalidType,
+    LookupFailed,
+    NSQError,
+    ServerError,
+    TopicNotFound,
+)
+from smartnsq.lookup.client import check_lookupd_addresses, fetch_lookup
+from smartnsq.message import Message
+from smartnsq.protocol import commands
+from smartnsq.protocol.message import MessageLayout, decode_message
+from smartnsq.protocol.names import validate_channel, validate_topic
+from smartnsq.rdy import distribute
+
+log = logging.getLogger("smartnsq.consumer")
+
+Handler = Callable[[Message], Awaitable[None] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerStats:
+    received: int
+    finished: int
+    requeued: int
+    discarded: int
+    connections: int
+    in_flight: int
+    backoff_level: int
+
+
+class _Reader:
+    """One subscribed connection and its RDY bookkeeping."""
+
+    __slots__ = (
+        "address",
+        "conn",
+        "consumer",
+        "in_flight",
+        "last_message",
+        "layout",
+        "max_rdy",
+        "rdy",
+        "rdy_left",
+        "rdy_since",
+    )
+
+    def __init__(self, consumer: Consumer, address: str, conn: Connection) -> None:
+        self.consumer = consumer
+        self.address = address
+        self.conn = conn
+        self.layout = MessageLayout(binary_id=conn.features.youzan)
+        self.max_rdy = conn.features.max_rdy_count
+        self.rdy = 0
+        self.rdy_left = 0
+        self.in_flight = 0
+        now = time.monotonic()
+        self.last_message = now
+        self.rdy_since = now
+
+    def set_rdy(self, count: int) -> None:
+        count = max(0, min(count, self.max_rdy))
+        if count == self.rdy and count == self.rdy_left:
+            return
+        if count != self.rdy:
+            self.rdy_since = time.monotonic()
+        self.rdy = count
+        self.rdy_left = count
+        with contextlib.suppress(ConnectionClosed):
+            self.conn.queue(commands.rdy(count))
+
+
+class Consumer:
+    """Consumes a channel of a topic from one or more nsqd.
+
+    ::
+
+        async def handle(message: Message) -> None:
+            ...  # return: FIN; raise: REQ with backoff
+
+        async with Consumer("events", "archive", handle, lookupd_http_addresses=[...]) as c:
+            await anyio.sleep_forever()
+
+    Or pull messages without a handler::
+
+        async with Consumer("events", "archive", nsqd_tcp_addresses=[...]) as consumer:
+            async for message in consumer:
+                ...  # finished automatically when the next one is pulled
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        handler: Handler | None = None,
+        *,
+        nsqd_tcp_addresses: Sequence[str] = (),
+        lookupd_http_addresses: Sequence[str] = (),
+        max_in_flight: int = 1,
+        max_attempts: int = 5,
+        requeue_delay: float = 90.0,
+        max_requeue_delay: float = 3600.0,
+        backoff: bool = True,
+        max_backoff_duration: float = 128.0,
+        backoff_unit: float = 1.0,
+        lookupd_poll_interval: float = 60.0,
+        lookupd_poll_jitter: float = 0.3,
+        reconnect_min: float = 0.5,
+        reconnect_max: float = 60.0,
+        rdy_redistribute_interval: float = 5.0,
+        low_rdy_idle_timeout: float = 10.0,
+        concurrency: int | None = None,
+        auto_touch: bool = False,
+        msg_timeout: float | None = None,
+        heartbeat_interval: float = 30.0,
+        on_giving_up: Callable[[Message], Any] | None = None,
+        tls: ssl.SSLContext | bool = False,
+        tls_hostname: str | None = None,
+        snappy: bool = False,
+        deflate: bool = False,
+        deflate_level: int = 6,
+        auth_secret: str | bytes | None = None,
+        client_id: str | None = None,
+        sample_rate: int = 0,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        self.topic = validate_topic(topic)
+        self.channel = validate_channel(channel)
+        if handler is not None and not callable(handler):
+            raise InvalidType("handler must be a callable taking one Message (or None to pull)")
+        if isinstance(nsqd_tcp_addresses, str):
+            nsqd_tcp_addresses = [nsqd_tcp_addresses]
+        for address in nsqd_tcp_addresses:
+            parse_address(address)
+        self._lookupds = check_lookupd_addresses(lookupd_http_addresses)
+        self._direct = list(dict.fromkeys(nsqd_tcp_addresses))
+        if not self._direct and not self._lookupds:
+            raise InvalidArgument(
+                "Consumer needs nsqd_tcp_addresses or lookupd_http_addresses (or both)"
+            )
+        _non_negative(
+            max_in_flight=max_in_flight,
+            max_attempts=max_attempts,
+            requeue_delay=requeue_delay,
+            max_requeue_delay=max_requeue_delay,
+        )
+        _positive(
+            max_backoff_duration=max_backoff_duration,
+            backoff_unit=backoff_unit,
+            lookupd_poll_interval=lookupd_poll_interval,
+            reconnect_min=reconnect_min,
+            reconnect_max=reconnect_max,
+            rdy_redistribute_interval=rdy_redistribute_interval,
+            low_rdy_idle_timeout=low_rdy_idle_timeout,
+        )
+        if not 0 <= lookupd_poll_jitter < 1:
+            raise InvalidArgument("lookupd_poll_jitter must be in [0, 1)")
+        if concurrency is not None and concurrency < 1:
+            raise InvalidArgument("concurrency must be >= 1")
+        if on_giving_up is not None and not callable(on_giving_up):
+            raise InvalidType("on_giving_up must be callable")
+        self._handler = handler
+        self._async_handler = handler is not None and _is_async(handler)
+        self._max_in_flight = max_in_flight
+        self.max_attempts = max_attempts
+        self.requeue_delay = requeue_delay
+        self.max_requeue_delay = max_requeue_delay
+        self._backoff_enabled = backoff
+        self.max_backoff_duration = max_backoff_duration
+        self.backoff_unit = backoff_unit
+        self._max_backoff_level = max(1, math.ceil(math.log2(max_backoff_duration / backoff_unit)))
+        self.lookupd_poll_interval = lookupd_poll_interval
+        self.lookupd_poll_jitter = lookupd_poll_jitter
+        self.reconnect_min = reconnect_min
+        self.reconnect_max = max(reconnect_max, reconnect_min)
+        self.rdy_redistribute_interval = rdy_redistribute_interval
+        self.low_rdy_idle_timeout = low_rdy_idle_timeout
+        self._concurrency = concurrency or max(1, min(max_in_flight, 100))
+        self.auto_touch = auto_touch
+        self._on_giving_up = on_giving_up
+        extra: dict[str, Any] = {}
+        if client_id is not None:
+            extra["client_id"] = client_id
+        self._config = ConnectionConfig(
+            tls=tls,
+            tls_hostname=tls_hostname,
+            snappy=snappy,
+            deflate=deflate,
+            deflate_level=deflate_level,
+            auth_secret=auth_secret,
+            heartbeat_interval=heartbeat_interval,
+            msg_timeout=msg_timeout,
+            sample_rate=sample_rate,
+            connect_timeout=connect_timeout,
+            **extra,
+        )
+
+        self._readers: dict[str, _Reader] = {}
+        self._wanted: set[str] = set()  # addresses we keep a connection loop for
+        self._loops: dict[str, anyio.CancelScope] = {}
+        self._queue: deque[Message] = deque()
+        self._idle: deque[anyio.Event] = deque()
+        self._active: set[Message] = set()
+        self._received = self._finished = self._requeued = self._discarded = 0
+        self._backoff_level = 0
+        self._backoff_blocked = False
+        self._backoff_epoch = 0
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._workers: anyio.CancelScope | None = None
+        self._requery = anyio.Event()
+        self._stopped = anyio.Event()
+        self._stopping = False
+        self._started = False
+        self._pulled: Message | None = None
+        self._lookupd_failing: set[str] = set()
+        self._max_rdy_hint = 2500
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Consumer:
+        if self._started:
+            raise NSQError("a Consumer can be started only once")
+        self._started = True
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._start_tasks(self._tg)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.stop()
+        finally:
+            assert self._tg is not None
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+
+    async def run(self) -> None:
+        """Start consuming and block until :meth:`stop` is called (from another task)."""
+        if self._started:
+            raise NSQError("a Consumer can be started only once")
+        self._started = True
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            self._start_tasks(tg)
+            await self._stopped.wait()
+            tg.cancel_scope.cancel()
+
+    def _start_tasks(self, tg: anyio.abc.TaskGroup) -> None:
+        for address in self._direct:
+            self._want(address)
+        if self._lookupds:
+            tg.start_soon(self._lookup_loop)
+        tg.start_soon(self._rdy_loop)
+        if self.auto_touch:
+            tg.start_soon(self._touch_loop)
+        if self._async_handler:
+            tg.start_soon(self._run_workers)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop gracefully.
+
+        Sends RDY 0 and CLS everywhere, requeues messages not yet handed to the handler, lets
+        running handlers finish for up to ``timeout`` seconds (their messages are then FINed or
+        REQed as usual; handlers still running after that are cancelled and their messages
+        requeued), then closes the connections.
+        """
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        self._backoff_epoch += 1
+        for reader in list(self._readers.values()):
+            reader.set_rdy(0)
+            with contextlib.suppress(ConnectionClosed):
+                reader.conn.queue(commands.CLS)
+        while self._queue:  # never started: give them back right away
+            self._requeue(self._queue.popleft(), 0, False)
+        if self._pulled is not None and not self._pulled._responded:
+            self._requeue(self._pulled, 0, False)
+        with anyio.move_on_after(timeout):
+            while self._active:
+                await anyio.sleep(0.01)
+        if self._workers is not None:
+            self._workers.cancel()
+        for msg in list(self._active):
+            if not msg._responded:
+                self._requeue(msg, 0, False)
+        self._active.clear()
+        for event in self._idle:
+            event.set()
+        with anyio.CancelScope(shield=True):
+            for reader in list(self._readers.values()):
+                await reader.conn.close(timeout=1.0)
+        for scope in self._loops.values():
+            scope.cancel()
+        self._stopped.set()
+
+    # -- public state ----------------------------------------------------------------------------
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._max_in_flight
+
+    def set_max_in_flight(self, value: int) -> None:
+        """Change max_in_flight at run time; 0 pauses consumption."""
+        if not isinstance(value, int) or value < 0:
+            raise InvalidArgument(f"max_in_flight must be an int >= 0, not {value!r}")
+        self._max_in_flight = value
+        self._redistribute()
+
+    def is_starved(self) -> bool:
+        """True when some connection has used 85% or more of its RDY on unanswered messages:
+        a batching handler should process what it holds now."""
+        return any(r.rdy and r.in_flight >= 0.85 * r.rdy for r in self._readers.values())
+
+    def stats(self) -> ConsumerStats:
+        return ConsumerStats(
+            received=self._received,
+            finished=self._finished,
+            requeued=self._requeued,
+            discarded=self._discarded,
+            connections=len(self._readers),
+            in_flight=sum(r.in_flight for r in self._readers.values()),
+            backoff_level=self._backoff_level,
+        )
+
+    # -- pulling ---------------------------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        if self._handler is not None:
+            raise NSQError("this Consumer has a handler; iterate only over a handler-less one")
+        if not self._started:
+            raise NSQError("start the Consumer first: 'async with Consumer(...) as c: async for'")
+        return self
+
+    async def __anext__(self) -> Message:
+        prev = self._pulled
+        if prev is not None and prev._auto and not prev._responded:
+            self._finish(prev)
+        self._pulled = None
+        while not self._queue:
+            if self._stopping:
+                raise StopAsyncIteration
+            event = anyio.Event()
+            self._idle.append(event)
+            await event.wait()
+        msg = self._queue.popleft()
+        self._pulled = msg
+        return msg
+
+    # -- message flow ----------------------------------------------------------------------------
+
+    def _on_message(self, reader: _Reader, payload: bytes) -> None:
+        msg = decode_message(payload, reader.layout, Message)
+        msg._reader = reader
+        msg._responded = False
+        msg._auto = True
+        now = time.monotonic()
+        msg._received = msg._touched = now
+        reader.in_flight += 1
+        reader.last_message = now
+        reader.rdy_left -= 1
+        self._received += 1
+        if reader.rdy_left <= reader.rdy >> 2 and reader.rdy and not self._backoff_level:
+            reader.set_rdy(reader.rdy)  # top up before it runs dry
+        if self._stopping:
+            self._requeue(msg, 0, False)
+            return
+        if self.max_attempts and msg.attempts > self.max_attempts:
+            self._give_up(msg)
+            return
+        handler = self._handler
+        if handler is None or self._async_handler:
+            self._queue.append(msg)
+            if self._idle:
+                self._idle.popleft().set()
+            return
+        try:
+            handler(msg)
+        except Exception as exc:
+            self._handler_failed(msg, exc)
+        else:
+            if msg._auto and not msg._responded:
+                self._finish(msg)
+
+    async def _run_workers(self) -> None:
+        with anyio.CancelScope() as scope:
+            self._workers = scope
+            async with anyio.create_task_group() as tg:
+                for _ in range(self._concurrency):
+                    tg.start_soon(self._worker)
+
+    async def _worker(self) -> None:
+        queue = self._queue
+        active = self._active
+        handler = self._handler
+        assert handler is not None
+        while not self._stopping:
+            if not queue:
+                event = anyio.Event()
+                self._idle.append(event)
+                await event.wait()
+                continue
+            msg = queue.popleft()
+            if queue and self._idle:  # more work: wake a sibling
+                self._idle.popleft().set()
+            active.add(msg)
+            try:
+                await handler(msg)  # type: ignore[misc]
+            except Exception as exc:
+                self._handler_failed(msg, exc)
+            else:
+                if msg._auto and not msg._responded:
+                    self._finish(msg)
+            finally:
+                active.discard(msg)
+
+    def _handler_failed(self, msg: Message, exc: Exception) -> None:
+        log.warning(
+            "handler failed for message %s (attempt %d): %r", msg.id.hex(), msg.attempts, exc
+        )
+        if msg._auto and not msg._responded:
+            self._requeue(msg, None, True)
+
+    def _give_up(self, msg: Message) -> None:
+        self._discarded += 1
+        callback = self._on_giving_up
+        try:
+            if callback is None:
+                log.warning(
+                    "giving up on message %s after %d attempts (max_attempts=%d); finishing it",
+                    msg.id.hex(),
+                    msg.attempts,
+                    self.max_attempts,
+                )
+            else:
+                result = callback(msg)
+                if inspect.isawaitable(result) and self._tg is not None:
+                    self._tg.start_soon(_await, result)
+        except Exception:
+            log.exception("on_giving_up callback failed for message %s", msg.id.hex())
+        if not msg._responded:
+            self._finish(msg, count=False)
+
+    def _respond(self, msg: Message, command: bytes) -> None:
+        if msg._responded:
+            raise NSQError(f"message {msg.id.hex()} was already answered")
+        msg._responded = True
+        reader = msg._reader
+        reader.in_flight -= 1
+        try:
+            reader.conn.queue(command)
+        except ConnectionClosed:
+            log.info(
+                "could not answer message %s: connection to %s is gone; nsqd will redeliver it",
+                msg.id.hex(),
+                reader.address,
+            )
+
+    def _finish(self, msg: Message, count: bool = True) -> None:
+        self._respond(msg, b"FIN " + msg.id + b"\n")
+        if count:
+            self._finished += 1
+        if self._backoff_level and count:
+            self._backoff_result(success=True)
+
+    def _requeue(self, msg: Message, delay: float | None, backoff: bool) -> None:
+        if delay is None:
+            delay = min(self.requeue_delay * msg.attempts, self.max_requeue_delay)
+        elif not isinstance(delay, int | float) or not 0 <= delay < math.inf:
+            raise InvalidArgument(f"requeue delay must be a number of seconds >= 0, not {delay!r}")
+        self._respond(msg, commands.req(msg.id, int(delay * 1000)))
+        self._requeued += 1
+        if backoff and self._backoff_enabled and not self._stopping:
+            self._backoff_result(success=False)
+
+    def _touch(self, msg: Message) -> None:
+        if msg._responded:
+            raise NSQError(f"message {msg.id.hex()} was already answered")
+        msg._touched = time.monotonic()
+        with contextlib.suppress(ConnectionClosed):
+            msg._reader.conn.queue(commands.touch(msg.id))
+
+    # -- backoff ---------------------------------------------------------------------------------
+
+    def _backoff_result(self, success: bool) -> None:
+        """Count one handler result. While a backoff window is open, results do not count."""
+        if self._backoff_blocked or self._stopping:
+            return
+        if success:
+            if self._backoff_level == 0:
+                return
+            self._backoff_level -= 1
+        else:
+            self._backoff_level = min(self._backoff_level + 1, self._max_backoff_level)
+        if self._backoff_level == 0:
+            log.info("backoff over; resuming full RDY")
+            self._redistribute()
+            return
+        self._open_backoff_window()
+
+    def _open_backoff_window(self) -> None:
+        self._backoff_blocked = True
+        self._backoff_epoch += 1
+        for reader in self._readers.values():
+            reader.set_rdy(0)
+        interval = min(self.backoff_unit * 2**self._backoff_level, self.max_backoff_duration)
+        interval *= random.uniform(0.8, 1.0)
+        log.info("backing off for %.2fs (level %d)", interval, self._backoff_level)
+        if self._tg is not None:
+            self._tg.start_soon(self._end_backoff_window, interval, self._backoff_epoch)
+
+    async def _end_backoff_window(self, interval: float, epoch: int) -> None:
+        await anyio.sleep(interval)
+        if epoch != self._backoff_epoch or self._stopping:
+            return
+        self._backoff_blocked = False
+        readers = [r for r in self._readers.values() if r.conn.usable]
+        if readers and self._max_in_flight:
+            random.choice(readers).set_rdy(1)  # test the waters with one message
+
+    # -- RDY -------------------------------------------------------------------------------------
+
+    def _redistribute(self) -> None:
+        if self._stopping:
+            return
+        readers = [r for r in self._readers.values() if r.conn.usable]
+        if not readers:
+            return
+        if self._backoff_level:
+            if self._max_in_flight == 0:
+                for r in readers:
+                    r.set_rdy(0)
+            return  # the backoff window decides
+        now = time.monotonic()
+        targets = distribute(
+            self._max_in_flight,
+            [(r.rdy, r.max_rdy, now - r.last_message, now - r.rdy_since) for r in readers],
+            low_rdy_idle_timeout=self.low_rdy_idle_timeout,
+            rotate_after=self.rdy_redistribute_interval,
+        )
+        # Lower first, then raise: the RDY we hand out never sums above max_in_flight.
+        for target, reader in sorted(
+            zip(targets, readers, strict=True), key=lambda t: t[0] - t[1].rdy
+        ):
+            if target != reader.rdy:
+                reader.set_rdy(target)
+
+    async def _rdy_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.rdy_redistribute_interval)
+            self._redistribute()
+
+    async def _touch_loop(self) -> None:
+        while True:
+            await anyio.sleep(1.0)
+            now = time.monotonic()
+            for msg in list(self._active):
+                reader = msg._reader
+                features = reader.conn.features
+                if msg._responded or now - msg._received >= features.max_msg_timeout:
+                    continue
+                if now - msg._touched >= features.msg_timeout / 2:
+                    self._touch(msg)
+
+    # -- connections -----------------------------------------------------------------------------
+
+    def _want(self, address: str) -> None:
+        if address in self._wanted or self._tg is None:
+            return
+        self._wanted.add(address)
+        self._tg.start_soon(self._connection_loop, address)
+
+    def _unwant(self, address: str) -> None:
+        self._wanted.discard(address)
+        scope = self._loops.pop(address, None)
+        if scope is not None:
+            scope.cancel()
+
+    async def _connection_loop(self, address: str) -> None:
+        failures = 0
+        with anyio.CancelScope() as scope:
+            self._loops[address] = scope
+            while address in self._wanted and not self._stopping:
+                try:
+                    await self._connect_and_consume(address)
+                    failures = 0
+                except (ConnectionClosed, ServerError, OSError) as exc:
+                    failures += 1
+                    level = logging.WARNING if failures == 1 else logging.DEBUG
+                    log.log(level, "nsqd %s: %s (attempt %d)", address, exc, failures)
+                if self._stopping or address not in self._wanted:
+                    break
+                if self._lookupds:
+                    self._requery.set()
+                delay = min(self.reconnect_max, self.reconnect_min * 2 ** min(failures, 16))
+                await anyio.sleep(delay * random.uniform(0.5, 1.0))
+        if self._loops.get(address) is scope:
+            del self._loops[address]
+
+    async def _connect_and_consume(self, address: str) -> None:
+        conn = await Connection.open(address, self._config)
+        reader = _Reader(self, address, conn)
+        conn.on_message = lambda payload: self._on_message(reader, payload)
+        conn.on_async_error = lambda err: log.warning("nsqd %s: %s", address, err)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(conn.run)
+                await conn.request(commands.sub(self.topic, self.channel), timeout=10)
+                self._readers[address] = reader
+                log.info("subscribed to %s/%s on nsqd %s", self.topic, self.channel, address)
+                if not self._backoff_level and self._max_in_flight:
+                    reader.set_rdy(1)  # prove the connection before giving it a full share
+                self._redistribute()
+        finally:
+            if self._readers.get(address) is reader:
+                del self._readers[address]
+            if not conn.closed:
+                with anyio.CancelScope(shield=True):
+                    await conn.close(timeout=0)
+            self._redistribute()
+        reason = conn.close_reason
+        if not self._stopping and reason is not None:
+            raise reason if isinstance(reason, NSQError) else ConnectionClosed(str(reason))
+
+    # -- lookupd ---------------------------------------------------------------------------------
+
+    async def _lookup_loop(self) -> None:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=2.0)) as client:
+            last = -math.inf
+            while not self._stopping:
+                # Rate limit: re-queries triggered by dropped connections wait at least 1 s.
+                await anyio.sleep(max(0.0, last + 1.0 - anyio.current_time()))
+                last = anyio.current_time()
+                self._requery = anyio.Event()
+                await self._query_lookupds(client)
+                j = self.lookupd_poll_jitter
+                with anyio.move_on_after(self.lookupd_poll_interval * random.uniform(1 - j, 1 + j)):
+                    await self._requery.wait()
+
+    async def _query_lookupds(self, client: httpx.AsyncClient) -> None:
+        found: set[str] = set()
+        answered = 0
+
+        async def ask(url: str) -> None:
+            nonlocal answered
+            try:
+                layout = await fetch_lookup(client, url, self.topic)
+            except TopicNotFound:
+                layout = None
+            except LookupFailed as exc:
+                if url not in self._lookupd_failing:
+                    self._lookupd_failing.add(url)
+                    log.warning("%s (will keep trying; logged once until it recovers)", exc)
+                return
+            if url in self._lookupd_failing:
+                self._lookupd_failing.discard(url)
+                log.info("lookupd %s answers again", url)
+            answered += 1
+            if layout is not None:
+                found.update(node.tcp_address for node in layout.producers)
+
+        async with anyio.create_task_group() as tg:
+            for url in self._lookupds:
+                tg.start_soon(ask, url)
+        for address in found:
+            self._want(address)
+        if answered:  # only prune on real answers, never because every lookupd was down
+            for address in list(self._wanted):
+                if address not in found and address not in self._direct:
+                    log.info("nsqd %s no longer listed for %s; disconnecting", address, self.topic)
+                    self._unwant(address)
+
+
+async def _await(awaitable: Awaitable[Any]) -> None:
+    try:
+        await awaitable
+    except Exception:
+        log.exception("on_giving_up callback failed")
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _non_negative(**values: float) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int | float) or value < 0:
+            raise InvalidArgument(f"{name} must be a number >= 0, not {value!r}")
+
+
+def _positive(**values: float) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int | float) or not value > 0:
+            raise InvalidArgument(f"{name} must be a number > 0, not {value!r}")

@@ -1,0 +1,59 @@
+"""The message a consumer hands to user code."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from smartnsq.protocol.message import RawMessage
+
+if TYPE_CHECKING:
+    from smartnsq.consumer import _Reader
+
+
+class Message(RawMessage):
+    """A delivered message.
+
+    The consumer answers it for you: FIN when the handler returns, REQ when it raises. Take
+    over with :meth:`finish`, :meth:`requeue` and :meth:`touch` (they queue the command and
+    return at once), or with :meth:`disable_auto_response` to answer later, from anywhere.
+
+    On the Youzan fork, :attr:`partition`, :attr:`internal_id`, :attr:`trace_id`, and (for
+    ordered subscriptions) :attr:`offset` and :attr:`raw_size` describe where it came from.
+    """
+
+    __slots__ = ("_auto", "_reader", "_received", "_responded", "_touched")
+
+    _reader: _Reader
+    _responded: bool
+    _auto: bool
+    _received: float
+    _touched: float
+
+    @property
+    def nsqd_address(self) -> str:
+        """``host:port`` of the nsqd that delivered the message."""
+        return self._reader.address
+
+    @property
+    def has_responded(self) -> bool:
+        return self._responded
+
+    def finish(self) -> None:
+        """Tell nsqd the message is done (FIN)."""
+        self._reader.consumer._finish(self)
+
+    def requeue(self, delay: float | None = None, *, backoff: bool = True) -> None:
+        """Give the message back for redelivery after ``delay`` seconds (REQ).
+
+        ``delay=None`` uses the consumer's policy (a multiple of the attempts, capped).
+        ``backoff=False`` does not count this as a failure for the consumer's backoff.
+        """
+        self._reader.consumer._requeue(self, delay, backoff)
+
+    def touch(self) -> None:
+        """Reset the server's timeout for this message (TOUCH)."""
+        self._reader.consumer._touch(self)
+
+    def disable_auto_response(self) -> None:
+        """Stop the consumer from answering the message when the handler returns or raises."""
+        self._auto = False
