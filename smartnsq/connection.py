@@ -237,9 +237,12 @@ class Connection:
         self.config = config
         self.features = Features()
         self.auth: Mapping[str, Any] | None = None
-        self.on_message: Callable[[bytes], None] | None = None
+        # Called with (buffer, start, end) of each message frame's data: no copy is made
+        # until the callee slices what it needs.
+        self.on_message: Callable[[bytes, int, int], None] | None = None
         self.on_async_error: Callable[[ServerError], None] | None = None
         self.on_close: Callable[[Connection], None] | None = None
+        self.before_read: Callable[[], None] | None = None
         self.after_read: Callable[[], None] | None = None
         self.closed = False
         self.close_reason: BaseException | None = None
@@ -416,13 +419,18 @@ class Connection:
                     waiter.set(b"", NSQTimeout(f"nsqd {self.address} did not answer in time"))
 
     def _on_data(self, data: bytes) -> None:
+        if self.before_read is not None:
+            self.before_read()
         if self._decompress is not None:
             data = self._decompress(data)
-        for ftype, payload in self._decoder.feed(data):
+        src, spans = self._decoder.feed_spans(data)
+        on_message = self.on_message
+        for ftype, start, end in spans:
             if ftype == FRAME_MESSAGE:
-                if self.on_message is not None:
-                    self.on_message(payload)
+                if on_message is not None:
+                    on_message(src, start, end)
             elif ftype == FRAME_RESPONSE:
+                payload = src[start:end]
                 if payload == HEARTBEAT:
                     self._link.write(commands.NOP)
                 elif self._waiters:
@@ -430,7 +438,7 @@ class Connection:
                 else:
                     log.debug("nsqd %s: answer %r with no request", self.address, payload[:64])
             else:
-                self._on_error_frame(payload)
+                self._on_error_frame(src[start:end])
 
     def _after_data(self) -> None:
         if self.after_read is not None:
@@ -457,9 +465,9 @@ class Connection:
 
         Raises :class:`ConnectionClosed` if the connection is (going) down.
         """
-        if not self.usable:
+        if self.closed:
             raise self._closed_error()
-        self._link.write(data)
+        self._link.write(data)  # raises ConnectionClosed itself when the link is going down
 
     async def flush(self) -> None:
         """Wait until the transport has room for more (backpressure)."""

@@ -27,6 +27,9 @@ _unpack_head = _HEAD.unpack_from
 Frame = tuple[int, bytes]
 
 
+Span = tuple[int, int, int]  # (frame type, start, end) of the frame data within a buffer
+
+
 class FrameDecoder:
     """Splits a byte stream into frames.
 
@@ -35,25 +38,37 @@ class FrameDecoder:
     unusable: the stream has lost its framing.
     """
 
-    __slots__ = ("_buf", "_failed", "max_frame_size")
+    __slots__ = ("_buf", "_failed", "_need", "max_frame_size")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
-        self._buf = bytearray()
+        self._buf = bytearray()  # bytes of an incomplete frame
+        self._need = 8  # buffered bytes needed before parsing is worth trying
         self.max_frame_size = max_frame_size
         self._failed = False
 
-    def feed(self, data: bytes, limit: int = -1) -> list[Frame]:
-        """Buffer ``data`` and return the complete frames (at most ``limit`` if >= 0)."""
+    def feed_spans(self, data: bytes, limit: int = -1) -> tuple[bytes, list[Span]]:
+        """Buffer ``data``; return a buffer and the spans of the complete frames in it.
+
+        The hot path for consumers: no per-frame copy, the caller slices what it needs. At
+        most ``limit`` frames if ``limit >= 0``; the rest stays buffered.
+        """
         if self._failed:
             raise ProtocolError("frame decoder already failed; the connection must be closed")
         buf = self._buf
-        buf += data
-        frames: list[Frame] = []
-        n = len(buf)
+        if buf:
+            buf += data
+            if len(buf) < self._need:  # a large frame still arriving: no copy yet
+                return b"", []
+            src = bytes(buf)
+            buf.clear()
+        else:
+            src = data
+        spans: list[Span] = []
+        n = len(src)
         pos = 0
         max_size = self.max_frame_size
         while n - pos >= 8:
-            size, ftype = _unpack_head(buf, pos)
+            size, ftype = _unpack_head(src, pos)
             if size < 4 or size > max_size:
                 self._failed = True
                 raise ProtocolError(
@@ -61,17 +76,27 @@ class FrameDecoder:
                 )
             end = pos + 4 + size
             if end > n:
+                self._need = end - pos
                 break
             if ftype > FRAME_MESSAGE:
                 self._failed = True
                 raise ProtocolError(f"unknown frame type {ftype}")
-            frames.append((ftype, bytes(buf[pos + 8 : end])))
+            spans.append((ftype, pos + 8, end))
             pos = end
-            if len(frames) == limit:
+            if len(spans) == limit:
                 break
-        if pos:
-            del buf[:pos]
-        return frames
+        else:
+            self._need = 8
+        if pos < n:
+            buf += src[pos:]
+            if n - pos < 8:
+                self._need = 8
+        return src, spans
+
+    def feed(self, data: bytes, limit: int = -1) -> list[Frame]:
+        """Buffer ``data`` and return the complete frames (at most ``limit`` if >= 0)."""
+        src, spans = self.feed_spans(data, limit)
+        return [(ftype, src[start:end]) for ftype, start, end in spans]
 
     def append(self, data: bytes) -> None:
         """Buffer ``data`` without parsing; pair with :meth:`next_frame`."""
@@ -83,6 +108,7 @@ class FrameDecoder:
         During the handshake the stream may switch encoding right after a frame, so the
         connection must not parse past it.
         """
+        self._need = 0
         frames = self.feed(b"", limit=1)
         return frames[0] if frames else None
 
@@ -94,6 +120,7 @@ class FrameDecoder:
         """
         rest = bytes(self._buf)
         self._buf.clear()
+        self._need = 8
         return rest
 
     @property
