@@ -82,8 +82,8 @@ async def drain(
     done = anyio.Event()
     lay = layout or MessageLayout(binary_id=conn.features.youzan)
 
-    def on_message(data: bytes) -> None:
-        msg = decode_message(data, lay, RawMessage)
+    def on_message(src: bytes, start: int, end: int) -> None:
+        msg = decode_message(src[start:end], lay, RawMessage)
         got.append(msg)
         ids.add(msg.id)
         conn.queue(commands.fin(msg.id))
@@ -102,3 +102,26 @@ async def drain(
             await done.wait()
         await conn.close(timeout=1)
     return got
+
+
+async def wait_until(
+    predicate: Callable[[], T],
+    timeout: float = 10.0,
+    what: str = "condition",
+    describe: Callable[[], Any] | None = None,
+) -> T:
+    """Async :func:`wait_for`: poll ``predicate`` without blocking the event loop.
+
+    ``describe`` (optional) is called on timeout and its result added to the error.
+    """
+    deadline = time.monotonic() + timeout
+    last: T = predicate()
+    while not last:
+        if time.monotonic() > deadline:
+            extra = f"; state: {describe()!r}" if describe is not None else ""
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {what} (last: {last!r}){extra}"
+            )
+        await anyio.sleep(0.05)
+        last = predicate()
+    return last
