@@ -78,9 +78,7 @@ class _Reader:
         self.address = address
         self.conn = conn
         self.write = conn.queue
-        self.layout = (
-            MessageLayout(binary_id=True) if conn.features.youzan else _CLASSIC
-        )
+        self.layout = MessageLayout(binary_id=True) if conn.features.youzan else _CLASSIC
         self.max_rdy = conn.features.max_rdy_count
         self.rdy = 0
         self.rdy_left = 0

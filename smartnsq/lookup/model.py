@@ -86,12 +86,16 @@ def parse_lookup(body: Any) -> TopicLayout:
     data = unwrap(body)
     if not isinstance(data, dict):
         raise ProtocolError(f"lookupd answer is not a JSON object: {data!r:.100}")
-    producers = data.get("producers") or []
+    producers = data.get("producers")
+    if producers is None:
+        producers = []
     if not isinstance(producers, list):
         raise ProtocolError("lookupd answer has a non-list 'producers'")
     nodes = tuple(dict.fromkeys(_node(p) for p in producers))
     partitions: dict[int, Node] = {}
-    raw_parts = data.get("partitions") or {}
+    raw_parts = data.get("partitions")
+    if raw_parts is None:
+        raw_parts = {}
     if not isinstance(raw_parts, dict):
         raise ProtocolError("lookupd answer has a non-object 'partitions'")
     for key, value in raw_parts.items():
