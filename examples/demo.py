@@ -15,8 +15,8 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compat.cluster import Cluster  # noqa: E402
-from smartnsq import Consumer, Message, Producer  # noqa: E402
+from compat.cluster import Cluster
+from smartnsq import Consumer, Message, Producer
 
 COUNT = 10_000
 

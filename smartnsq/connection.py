@@ -497,7 +497,10 @@ class Connection:
             raise self._closed_error()
         deadline = _INF if timeout is None else anyio.current_time() + timeout
         waiter = self._waiter_cls(publish, deadline)
-        self._link.write(data)
+        if self._waiters:
+            self._link.write(data)  # coalesced with the other requests of this loop pass
+        else:
+            self._link.write_now(data)  # nothing to wait for: save a loop iteration
         self._waiters.append(waiter)
         try:
             await self.flush()

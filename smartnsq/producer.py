@@ -217,29 +217,41 @@ class Producer:
             self._topics.add(validate_topic(topic))
         if isinstance(bodies, bytes | bytearray | str):
             raise InvalidType("publish_many takes a list of message bodies, not a single body")
-        checked = [_check_body(b) for b in bodies]
+        checked = bodies if type(bodies) is list else list(bodies)
         if not checked:
             raise InvalidArgument("publish_many needs at least one message")
+        # Fast path (C-level checks) for the common case: non-empty bytes that fit.
+        if set(map(type, checked)) != {bytes}:
+            checked = [_check_body(b) for b in checked]
+        lens = list(map(len, checked))
+        if min(lens) == 0:
+            raise InvalidArgument("message bodies must not be empty (nsqd rejects them)")
         limit = self.max_message_size
-        batches: list[list[bytes]] = []
-        batch: list[bytes] = []
-        size = 4
-        for b in checked:
-            n = len(b)
-            if n > limit:
-                raise MessageTooLarge(
-                    f"message of {n} bytes exceeds max_message_size ({limit}); nothing was sent"
-                )
-            if batch and size + 4 + n > self.max_body_size:
-                batches.append(batch)
-                batch, size = [], 4
-            batch.append(b)
-            size += 4 + n
-        batches.append(batch)
+        if max(lens) > limit:
+            raise MessageTooLarge(
+                f"message of {max(lens)} bytes exceeds max_message_size ({limit}); nothing was sent"
+            )
+        batches: list[tuple[list[bytes], list[int]]] = []
+        if 4 + 4 * len(lens) + sum(lens) <= self.max_body_size:
+            batches.append((checked, lens))
+        else:
+            start, size = 0, 4
+            for i, n in enumerate(lens):
+                if i > start and size + 4 + n > self.max_body_size:
+                    batches.append((checked[start:i], lens[start:i]))
+                    start, size = i, 4
+                size += 4 + n
+            batches.append((checked[start:], lens[start:]))
+        line = b"MPUB %s\n" % topic.encode()
         done = 0
-        for batch in batches:
+        for batch, sizes in batches:
+            parts: list[bytes] = [b""] * (2 * len(batch))
+            parts[0::2] = map(_pack_u32, sizes)
+            parts[1::2] = batch
+            body = b"".join(parts)
+            data = b"".join((line, _pack_u32(len(body) + 4), _pack_u32(len(batch)), body))
             try:
-                await self._send(commands.mpub(topic, batch), timeout)
+                await self._send(data, timeout)
             except NSQError as exc:
                 if done == 0:
                     raise

@@ -47,6 +47,7 @@ class Link(Protocol):
 
     async def receive(self) -> bytes: ...
     def write(self, data: bytes) -> None: ...
+    def write_now(self, data: bytes) -> None: ...
     async def drain(self) -> None: ...
     async def start_tls(self, context: ssl.SSLContext, hostname: str) -> None: ...
     async def run(self, on_data: OnData, after_data: Callable[[], None]) -> None: ...
@@ -154,6 +155,13 @@ class AsyncioLink(asyncio.Protocol):
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
+    def write_now(self, data: bytes) -> None:
+        """Write at once (after anything already buffered), without waiting for the loop."""
+        if self._transport is None or self._closed.done():
+            raise ConnectionClosed("connection is closed")
+        self._wbuf.append(data)
+        self._flush()
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         buf = self._wbuf
@@ -224,6 +232,8 @@ class StreamLink:
             raise ConnectionClosed("connection is closed")
         self._out.append(data)
         self._dirty.set()
+
+    write_now = write
 
     async def drain(self) -> None:
         if not self._out:
