@@ -1,0 +1,488 @@
+"""Shared helpers for the benchmarks: client registry and virtualenvs, nsqd
+start/stop and HTTP helpers, measured subprocess runs, machine facts and
+small statistics.  Stdlib only, so the runner stays lean."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+DRIVERS = BENCH_DIR / "drivers"
+VENVS = BENCH_DIR / ".venvs"
+RESULTS = BENCH_DIR / "results"
+BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
+NSQD_VERSION = "v1.3.0"  # classic nsqd as built by compat.servers
+
+
+# ---------------------------------------------------------------- clients
+@dataclass(frozen=True)
+class Client:
+    """A Python NSQ client: its driver script and its pinned virtualenv.
+
+    ``pins`` is the full pip freeze of the client's venv (versions from the
+    peer benchmark); an empty tuple means "the smartnsq working tree", run
+    with the benchmark's own interpreter and the repository on PYTHONPATH.
+    """
+
+    name: str
+    driver: str
+    pins: tuple[str, ...]
+    workloads: frozenset[str]
+    label: str = ""
+
+    @property
+    def venv(self) -> Path:
+        return VENVS / self.name
+
+
+SEQ = frozenset({"pub", "mpub"})
+CLIENTS: dict[str, Client] = {
+    c.name: c
+    for c in [
+        Client("smartnsq", "drv_smartnsq.py", (), SEQ | {"concurrent"}, "smartnsq (asyncio)"),
+        Client(
+            "pynsq",
+            "drv_pynsq.py",
+            ("pynsq==0.9.1", "tornado==6.6.1"),
+            SEQ | {"concurrent"},
+            "pynsq 0.9.1 (tornado)",
+        ),
+        Client(
+            "gnsq",
+            "drv_gnsq.py",
+            (
+                "gnsq==1.0.2",
+                "gevent==26.9.0",
+                "greenlet==3.5.6",
+                "blinker==1.9.0",
+                "six==1.17.0",
+                "urllib3==2.8.0",
+                "zope.event==6.2",
+                "zope.interface==8.7",
+            ),
+            SEQ,
+            "gnsq 1.0.2 (gevent)",
+        ),
+        Client(
+            "nsq-py",
+            "drv_nsqpy.py",
+            (
+                "nsq-py==0.1.12",
+                "certifi==2026.10.18",
+                "charset-normalizer==3.5.2",
+                "decorator==5.3.1",
+                "idna==3.20",
+                "requests==2.34.2",
+                "six==1.17.0",
+                "statsd==4.0.1",
+                "urllib3==2.8.0",
+            ),
+            SEQ,
+            "nsq-py 0.1.12 (sync sockets)",
+        ),
+        Client(
+            "ansq",
+            "drv_ansq.py",
+            (
+                "ansq==0.3.0",
+                "aiohappyeyeballs==2.7.1",
+                "aiohttp==3.14.5",
+                "aiosignal==1.4.0",
+                "attrs==26.1.0",
+                "frozenlist==1.8.0",
+                "idna==3.20",
+                "multidict==7.2.1",
+                "propcache==0.5.4",
+                "typing_extensions==4.16.0",
+                "yarl==1.25.1",
+            ),
+            SEQ,
+            "ansq 0.3.0 (asyncio)",
+        ),
+        Client(
+            "asyncnsq",
+            "drv_asyncnsq.py",
+            (
+                "asyncnsq==1.2.1",
+                "aiohappyeyeballs==2.7.1",
+                "aiohttp==3.14.5",
+                "aiosignal==1.4.0",
+                "attrs==26.1.0",
+                "cramjam==2.14.0",
+                "frozenlist==1.8.0",
+                "idna==3.20",
+                "multidict==7.2.1",
+                "propcache==0.5.4",
+                "python-snappy==0.7.3",
+                "typing_extensions==4.16.0",
+                "yarl==1.25.1",
+            ),
+            SEQ,
+            "asyncnsq 1.2.1 (asyncio)",
+        ),
+    ]
+}
+PEERS = [name for name in CLIENTS if name != "smartnsq"]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def ensure_venv(client: Client, python: str = "python3") -> None:
+    """Create the client's venv under bench/.venvs/ and install its pins
+    (skipped when the installed pins already match)."""
+    if not client.pins:
+        return
+    marker = client.venv / "bench-pins.txt"
+    want = "\n".join(client.pins) + "\n"
+    if marker.exists() and marker.read_text() == want:
+        return
+    log(f"setting up venv {client.venv} ...")
+    if client.venv.exists():
+        shutil.rmtree(client.venv)
+    subprocess.run([python, "-m", "venv", str(client.venv)], check=True)
+    subprocess.run(
+        [
+            str(client.venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            *client.pins,
+        ],
+        check=True,
+    )
+    marker.write_text(want)
+
+
+def client_command(client: Client) -> tuple[list[str], dict[str, str]]:
+    """Interpreter + driver path and the environment for one client."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if client.pins:
+        python = str(client.venv / "bin" / "python")
+    else:
+        python = sys.executable
+        env["PYTHONPATH"] = str(ROOT)
+    return [python, str(DRIVERS / client.driver)], env
+
+
+def python_version(python: str) -> str:
+    out = subprocess.run(
+        [python, "-c", "import platform; print(platform.python_version())"],
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip() or "?"
+
+
+# ---------------------------------------------------------------- nsqd
+@dataclass
+class Nsqd:
+    tcp: str
+    http: str
+    bins: dict[str, Path]
+    pid: int | None = None
+
+    def _req(self, method: str, path: str, data: bytes | None = None) -> bytes:
+        req = urllib.request.Request(f"http://{self.http}{path}", data=data, method=method)
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return bytes(r.read())
+
+    def create_topic(self, topic: str) -> None:
+        self._req("POST", "/topic/create?topic=" + urllib.parse.quote(topic))
+
+    def delete_topic(self, topic: str) -> None:
+        with suppress(OSError):
+            self._req("POST", "/topic/delete?topic=" + urllib.parse.quote(topic))
+
+    def topic_stats(self, topic: str) -> dict[str, Any] | None:
+        q = urllib.parse.urlencode({"format": "json", "topic": topic, "include_clients": "false"})
+        data = json.loads(self._req("GET", "/stats?" + q))
+        for t in data.get("topics") or []:
+            if t["topic_name"] == topic:
+                return dict(t)
+        return None
+
+    def message_count(self, topic: str) -> int:
+        t = self.topic_stats(topic)
+        return int(t["message_count"]) if t else 0
+
+    def version(self) -> str:
+        out = subprocess.run([str(self.bins["nsqd"]), "--version"], capture_output=True, text=True)
+        return (out.stdout or out.stderr).strip()
+
+
+NSQD_ARGS = ["--mem-queue-size=10000000"]  # keep every message in memory
+
+
+@contextmanager
+def nsqd_server(workdir: Path) -> Iterator[Nsqd]:
+    """One classic nsqd (no nsqlookupd) on 127.0.0.1 for the whole invocation,
+    started through ``compat.cluster`` from ``compat.servers`` binaries."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from compat.cluster import Cluster
+    from compat.servers import ensure_binaries
+
+    bins = dict(ensure_binaries("classic"))
+    cluster = Cluster.start(kind="classic", dir=workdir, nsqd=1, lookupd=0, nsqd_args=NSQD_ARGS)
+    try:
+        d = cluster.nsqd[0]
+        yield Nsqd(tcp=d.tcp, http=d.http, bins=bins, pid=d.pid)
+    finally:
+        cluster.stop()
+
+
+# ---------------------------------------------------------------- measured runs
+@dataclass
+class ProcResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    wall_s: float
+    max_rss_kb: int
+    cpu_s: float
+    timed_out: bool = False
+    rss_upper_bound: bool = False
+
+
+TIME_V = "/usr/bin/time"  # GNU time: forks the client from a ~2 MB process
+
+
+def _parse_time_v(text: str) -> tuple[int, float]:
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+    user = re.search(r"User time \(seconds\): ([\d.]+)", text)
+    syst = re.search(r"System time \(seconds\): ([\d.]+)", text)
+    cpu = (float(user.group(1)) if user else 0.0) + (float(syst.group(1)) if syst else 0.0)
+    return (int(rss.group(1)) if rss else 0), cpu
+
+
+def run_measured(
+    cmd: list[str], env: dict[str, str] | None = None, timeout: float = 300.0
+) -> ProcResult:
+    """Run ``cmd`` to completion and measure its peak RSS and CPU time.
+
+    ru_maxrss survives execve(), so a child forked straight from this runner
+    would report at least the runner's own RSS.  The client is therefore
+    started through GNU ``time -v``, whose small process is what the client
+    is forked from.  Without GNU time, wait4() figures are used and are an
+    upper bound (``rss_upper_bound``)."""
+    use_time = os.access(TIME_V, os.X_OK)
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.NamedTemporaryFile("r") as tv,
+    ):
+        full = [TIME_V, "-v", "-o", tv.name, *cmd] if use_time else cmd
+        t0 = time.monotonic()
+        proc = subprocess.Popen(
+            full, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
+        timed_out = threading.Event()
+
+        def kill() -> None:
+            timed_out.set()
+            os.killpg(proc.pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        try:
+            _, status, ru = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.monotonic() - t0
+        rss, cpu = ru.ru_maxrss, ru.ru_utime + ru.ru_stime
+        if use_time:
+            rss, cpu = _parse_time_v(tv.read())
+        out.seek(0)
+        err.seek(0)
+        return ProcResult(
+            proc.returncode,
+            out.read().decode(errors="replace"),
+            err.read().decode(errors="replace"),
+            wall,
+            rss,
+            cpu,
+            timed_out.is_set(),
+            rss_upper_bound=not use_time,
+        )
+
+
+def parse_result_line(stdout: str) -> dict[str, Any] | None:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return dict(json.loads(line[7:]))
+    return None
+
+
+GO_RATE = re.compile(r"duration: (\S+) - [\d.]+mb/s - ([\d.]+)ops/s")
+
+
+# ---------------------------------------------------------------- facts & stats
+def machine_facts() -> dict[str, Any]:
+    model = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = "?"
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f"{kb / 1024 / 1024:.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "memory": mem,
+        "kernel": platform.release(),
+        "os": _os_name(),
+    }
+
+
+def _os_name() -> str:
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip('"')
+    except OSError:
+        pass
+    return platform.system()
+
+
+@dataclass
+class CpuSnap:
+    """System-wide busy CPU (user+nice+system), nsqd's and this runner's CPU."""
+
+    t: float
+    busy: float
+    nsqd: float
+    runner: float
+
+
+_CLK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_snapshot(nsqd_pid: int | None) -> CpuSnap:
+    try:
+        v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:4]]
+        busy = sum(v) / _CLK
+    except (OSError, ValueError):
+        busy = 0.0
+    nsqd = 0.0
+    if nsqd_pid:
+        try:
+            st = Path(f"/proc/{nsqd_pid}/stat").read_text().rsplit(")", 1)[1].split()
+            nsqd = (int(st[11]) + int(st[12])) / _CLK
+        except (OSError, ValueError, IndexError):
+            pass
+    t = os.times()
+    return CpuSnap(time.monotonic(), busy, nsqd, t.user + t.system)
+
+
+def cpu_delta(a: CpuSnap, b: CpuSnap, client_cpu: float) -> dict[str, float]:
+    """nsqd CPU seconds and the share of the machine used by everything else
+    (other jobs) while a client ran, as a fraction of all cores."""
+    wall = b.t - a.t
+    if wall <= 0:
+        return {}
+    nsqd = b.nsqd - a.nsqd
+    other = max(0.0, (b.busy - a.busy) - nsqd - (b.runner - a.runner) - client_cpu)
+    return {
+        "nsqd_cpu_s": round(nsqd, 3),
+        "other_cpu_frac": round(other / (wall * (os.cpu_count() or 1)), 3),
+    }
+
+
+def source_digest(pkg: Path = ROOT / "smartnsq") -> str:
+    """Short hash of the library's *.py files, to spot edits during a run."""
+    h = hashlib.sha256()
+    for f in sorted(pkg.rglob("*.py")):
+        h.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def git_describe() -> str:
+    """HEAD commit (short) plus "+dirty" when the work tree has changes."""
+
+    def git(*args: str) -> str:
+        r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    head = git("rev-parse", "--short", "HEAD") or "no commit"
+    return head + ("+dirty" if git("status", "--porcelain", "--", "smartnsq") else "")
+
+
+def loadavg() -> float:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError):
+        return -1.0
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def fmt_rate(x: float) -> str:
+    if math.isnan(x):
+        return "-"
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if x >= 1e5:
+        return f"{x / 1e3:.0f}k"
+    if x >= 1e4:
+        return f"{x / 1e3:.1f}k"
+    return f"{x:,.0f}"
+
+
+def fmt_mb(kb: float) -> str:
+    return f"{kb * 1024 / 1e6:.1f} MB"
+
+
+def replace_md_section(path: Path, heading: str, body: str) -> None:
+    """Replace (or append) the ``## heading`` section of a markdown file,
+    leaving every other ``## `` section untouched."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.strip() == f"## {heading}"), None)
+    new = [f"## {heading}", "", *body.strip("\n").splitlines()]
+    if start is None:
+        while lines and not lines[-1].strip():
+            lines.pop()
+        lines += ["", *new]
+    else:
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines)
+        )
+        tail = lines[end:]
+        lines = lines[:start] + new + (["", *tail] if tail else [])
+    path.write_text("\n".join(lines) + "\n")

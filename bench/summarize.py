@@ -1,0 +1,285 @@
+"""Turn raw benchmark JSON (bench/results/*.json) into BENCHMARKS.md sections.
+
+    python -m bench.summarize [bench/results/publish-....json]
+
+Without an argument the newest non-quick publish result is used.  Only the
+"## Publish" section of BENCHMARKS.md is rewritten; other sections stay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench import common as c
+
+GO = "bench_writer"
+TARGET_RSS_MB = 40.0
+
+
+def _rates(runs: list[dict[str, Any]], client: str, wl: str) -> dict[int, float]:
+    return {
+        r["round"]: float(r["rate"])
+        for r in runs
+        if r["client"] == client and r["workload"] == wl and r.get("ok")
+    }
+
+
+def _cell(rates: dict[int, float]) -> str:
+    if not rates:
+        return "-"
+    xs = list(rates.values())
+    if len(xs) == 1:
+        return c.fmt_rate(xs[0])
+    return f"{c.fmt_rate(c.median(xs))} [{c.fmt_rate(min(xs))}-{c.fmt_rate(max(xs))}]"
+
+
+def _cpu_cell(runs: list[dict[str, Any]], client: str, wl: str) -> str:
+    ok = [r for r in runs if r["client"] == client and r["workload"] == wl and r.get("ok")]
+    cl = [r["workload_cpu_s"] / r["n"] * 1e6 for r in ok if r.get("workload_cpu_s")]
+    sv = [r["nsqd_cpu_s"] / r["n"] * 1e6 for r in ok if "nsqd_cpu_s" in r]
+    if not cl:
+        return "-"
+    return f"{c.median(cl):.1f} / {c.median(sv):.1f}"
+
+
+def _ratio(a: dict[int, float], b: dict[int, float]) -> float:
+    """Median over rounds of a/b, using only rounds in which both ran."""
+    return c.median([a[r] / b[r] for r in a if r in b and b[r] > 0])
+
+
+def _fmt_ratio(x: float) -> str:
+    return "n/a" if x != x else f"{x:.2f}x"
+
+
+def _verdict(x: float, target: float) -> str:
+    if x != x:
+        return "**not measured**"
+    return "**met**" if x >= target else "**NOT met**"
+
+
+def publish_section(data: dict[str, Any]) -> str:
+    runs: list[dict[str, Any]] = data["runs"]
+    clients = list(dict.fromkeys(r["client"] for r in runs))
+    py_clients = [x for x in clients if x != GO]
+    peers = [x for x in py_clients if x != "smartnsq"]
+    labels = {x.name: x.label for x in c.CLIENTS.values()}
+    m = data["machine"]
+    pv = data.get("python_versions", {})
+    prm = data["params"]
+    rss = {
+        x: max(
+            (r["max_rss_kb"] for r in runs if r["client"] == x and r.get("max_rss_kb")), default=0
+        )
+        for x in clients
+    }
+    failures = [r for r in runs if not r.get("ok")]
+
+    out: list[str] = []
+    out += [
+        f"Measured {data['started']}{' (quick smoke run)' if data.get('quick') else ''}: "
+        f"{m['nproc']} CPUs ({m['cpu_model']}), {m['memory']} RAM, {m['os']}, "
+        f"kernel {m['kernel']}; {data.get('nsqd_version', 'nsqd')}; Python "
+        + ", ".join(sorted(set(pv.values())))
+        + ".",
+        "",
+        "Command (from the repository root):",
+        "",
+        "```",
+        data["command"],
+        "```",
+        "",
+        f"{data['rounds']} interleaved round(s); every cell is the **median [min-max]** in "
+        "messages per second; peak RSS is the largest over all of that client's runs.",
+        "",
+        "| client | sequential PUB (1 in flight) | publish_many, batch 200 "
+        "| concurrent publish, 64 tasks | peak RSS |",
+        "|---|---|---|---|---|",
+    ]
+    for x in py_clients:
+        name = f"**{labels.get(x, x)}**" if x == "smartnsq" else labels.get(x, x)
+        out.append(
+            f"| {name} | {_cell(_rates(runs, x, 'pub'))} | {_cell(_rates(runs, x, 'mpub'))} "
+            f"| {_cell(_rates(runs, x, 'concurrent'))} | {c.fmt_mb(rss[x])} |"
+        )
+    if GO in clients:
+        out.append(
+            f"| Go `bench_writer`, GOMAXPROCS=1, 1 connection (ceiling) "
+            f"| {_cell(_rates(runs, GO, 'pub'))} (`-batch-size 1`) "
+            f"| {_cell(_rates(runs, GO, 'mpub'))} (`-batch-size 200`) | - "
+            f"| {c.fmt_mb(rss[GO])} |"
+        )
+
+    # ratios and targets
+    s = {wl: _rates(runs, "smartnsq", wl) for wl in ("pub", "mpub", "concurrent")}
+    go = {wl: _rates(runs, GO, wl) for wl in ("pub", "mpub")}
+
+    def fastest(wl: str) -> str | None:
+        cand = [
+            (c.median(list(_rates(runs, p, wl).values())), p) for p in peers if _rates(runs, p, wl)
+        ]
+        return max(cand)[1] if cand else None
+
+    rows: list[tuple[str, float, float, str]] = []
+    for wl, title, go_target in (
+        ("mpub", "publish_many (batch 200)", 0.9),
+        ("pub", "sequential PUB", 0.5),
+    ):
+        rows.append(
+            (
+                f"{title} vs `bench_writer -batch-size {200 if wl == 'mpub' else 1}`",
+                _ratio(s[wl], go[wl]),
+                go_target,
+                "",
+            )
+        )
+        fp = fastest(wl)
+        rows.append(
+            (
+                f"{title} vs fastest peer ({fp or 'none'})",
+                _ratio(s[wl], _rates(runs, fp, wl)) if fp else float("nan"),
+                1.0,
+                "",
+            )
+        )
+    rows.append(
+        (
+            "concurrent publish vs smartnsq sequential PUB",
+            _ratio(s["concurrent"], s["pub"]),
+            5.0,
+            "",
+        )
+    )
+    digests = list(dict.fromkeys(r["smartnsq_source"] for r in runs if "smartnsq_source" in r))
+    src = f"smartnsq at git {data.get('git', '?')}, source digest {', '.join(digests) or '?'}."
+    if len(digests) > 1:
+        src += (
+            f" **Warning: the smartnsq sources changed during this invocation "
+            f"({len(digests)} versions); rerun for consistent figures.**"
+        )
+    out += ["", src]
+    out += [
+        "",
+        "Ratios (median over rounds of the per-round ratio) and targets:",
+        "",
+        "| comparison | ratio | target | verdict |",
+        "|---|---|---|---|",
+    ]
+    for title, x, target, _ in rows:
+        out.append(f"| {title} | {_fmt_ratio(x)} | >= {target:g}x | {_verdict(x, target)} |")
+    smart_rss = rss.get("smartnsq", 0) * 1024 / 1e6
+    out.append(
+        f"| peak RSS of the smartnsq benchmark process | {smart_rss:.1f} MB "
+        f"| <= {TARGET_RSS_MB:g} MB | "
+        + (
+            "**not measured**"
+            if not smart_rss
+            else "**met**"
+            if smart_rss <= TARGET_RSS_MB
+            else "**NOT met**"
+        )
+        + " |"
+    )
+    if "concurrent" in {r["workload"] for r in runs}:
+        pc = _rates(runs, "pynsq", "concurrent")
+        if pc and s["concurrent"]:
+            out.append("")
+            out.append(
+                f"For reference, smartnsq concurrent vs pynsq with 64 PUBs in flight: "
+                f"{_fmt_ratio(_ratio(s['concurrent'], pc))}."
+            )
+
+    out += [
+        "",
+        "CPU per message in microseconds, median over rounds: the client process "
+        "during the timed workload / nsqd during the whole client run (start-up included). "
+        "Median share of the 2 cores used by other jobs during a run: "
+        f"{c.median([r['other_cpu_frac'] for r in runs if 'other_cpu_frac' in r]):.2f}.",
+        "",
+        "| client | sequential PUB | publish_many | concurrent |",
+        "|---|---|---|---|",
+    ]
+    for x in py_clients:
+        out.append(
+            f"| {labels.get(x, x)} | "
+            + " | ".join(_cpu_cell(runs, x, wl) for wl in ("pub", "mpub", "concurrent"))
+            + " |"
+        )
+    if failures:
+        out += ["", "Failed runs (not counted):", ""]
+        for r in failures:
+            err = str(r.get("error", "")).strip().splitlines()
+            out.append(
+                f"- round {r['round']} {r['workload']} {r['client']}: {err[-1] if err else '?'}"
+            )
+
+    out += [
+        "",
+        "Method:",
+        "",
+        "- One classic nsqd (`--mem-queue-size=10000000`, so every message stays in memory; "
+        "no nsqlookupd) started through `compat.cluster`, binaries from "
+        '`compat.servers.ensure_binaries("classic")`; everything on 127.0.0.1. Each run '
+        "gets a fresh topic (created over HTTP before, deleted after the run).",
+        "- Every client runs as its own subprocess: peers in their own virtualenvs under "
+        "`bench/.venvs/` with the versions pinned in `bench/common.py`, smartnsq from the "
+        "working tree with the benchmark's interpreter. The driver connects, sends one "
+        "untimed warm-up PUB, then times the workload only with `time.monotonic()` and "
+        "prints the count; the runner checks that nsqd's topic `message_count` equals "
+        "warm-up + timed messages.",
+        f"- Workloads, 100-byte bodies: sequential PUB, N = {prm['pub']['n']:,}, each "
+        f"publish awaits nsqd's OK; publish_many/MPUB of 200, one batch in flight, "
+        f"{prm['mpub']['seconds']:g} s or {prm['mpub']['n']:,} messages; 64 tasks calling "
+        f"`publish()` on one Producer, {prm['concurrent']['seconds']:g} s or "
+        f"{prm['concurrent']['n']:,} messages (pynsq: 64 PUBs kept in flight from its "
+        "reply callbacks; other peers have no natural way to pipeline and are skipped).",
+        f"- Ceilings: `GOMAXPROCS=1 bench_writer -size 100 -runfor {prm['go']['runfor']}` "
+        "with `-batch-size 1` (sequential) and `-batch-size 200` (batched); it uses MPUB "
+        "even for one message.",
+        "- Round *r* runs every workload with the client list rotated by *r-1*; the runs "
+        "are interleaved so background load hits all clients alike.",
+        '- Peak RSS is GNU `time -v`\'s "Maximum resident set size" of each client '
+        "process (the client is forked from `time`, not from the runner, whose RSS would "
+        "otherwise carry over through exec); MB = 10^6 bytes.",
+        "- Sequential PUB is bound by round-trip latency, not CPU: on this VM a round trip "
+        "gets faster when the other core is busy (fewer idle wake-ups), so single runs swing "
+        "by up to 2x with background load; per-round ratios against `bench_writer` from the "
+        "same round are the figures to compare. The share of the cores used by other jobs "
+        "is recorded per run from `/proc/stat` minus client, nsqd and runner CPU.",
+        "- Raw per-run JSON (exact commands, rates, CPU seconds, RSS, load) is written to "
+        "`bench/results/` (not committed); `python -m bench.summarize [FILE]` regenerates "
+        "this section from it.",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def latest(prefix: str) -> Path | None:
+    for p in sorted(c.RESULTS.glob(f"{prefix}-*.json"), reverse=True):
+        try:
+            if not json.loads(p.read_text()).get("quick"):
+                return p
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", nargs="?", type=Path)
+    a = ap.parse_args(argv)
+    path = a.results or latest("publish")
+    if path is None:
+        print("no publish results in bench/results/", file=sys.stderr)
+        return 1
+    data = json.loads(path.read_text())
+    section = publish_section(data)
+    c.replace_md_section(c.BENCHMARKS_MD, "Publish", section)
+    print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
