@@ -203,8 +203,8 @@ class _FutureWaiter:
 
     __slots__ = ("deadline", "future", "publish")
 
-    def __init__(self, publish: bool, deadline: float) -> None:
-        self.future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    def __init__(self, future: asyncio.Future[bytes], publish: bool, deadline: float) -> None:
+        self.future = future
         self.publish = publish
         self.deadline = deadline
 
@@ -250,7 +250,10 @@ class Connection:
         self._decoder = FrameDecoder(config.max_frame_size)
         self._decompress: Callable[[bytes], bytes] | None = None
         self._waiters: deque[_Waiter] = deque()
-        self._waiter_cls: type[_Waiter] = _FutureWaiter if running_on_asyncio() else _EventWaiter
+        # On asyncio: bare futures from the loop, and the loop's clock (the same one anyio
+        # uses there); each get_running_loop() costs a getpid() system call on 3.11.
+        self._loop = asyncio.get_running_loop() if running_on_asyncio() else None
+        self._clock = self._loop.time if self._loop is not None else anyio.current_time
         self._scope: anyio.CancelScope | None = None
         self._stop_reason: BaseException | None = None
 
@@ -405,7 +408,7 @@ class Connection:
         silence_limit = interval * 2 + 5 if interval > 0 else None
         while True:
             await anyio.sleep(_TICK)
-            now = anyio.current_time()
+            now = self._clock()
             if silence_limit is not None and now - self._link.last_read > silence_limit:
                 idle = now - self._link.last_read
                 self._stop(
@@ -495,8 +498,12 @@ class Connection:
         """
         if not self.usable:
             raise self._closed_error()
-        deadline = _INF if timeout is None else anyio.current_time() + timeout
-        waiter = self._waiter_cls(publish, deadline)
+        deadline = _INF if timeout is None else self._clock() + timeout
+        waiter: _Waiter
+        if self._loop is not None:
+            waiter = _FutureWaiter(self._loop.create_future(), publish, deadline)
+        else:
+            waiter = _EventWaiter(publish, deadline)
         if self._waiters:
             self._link.write(data)  # coalesced with the other requests of this loop pass
         else:

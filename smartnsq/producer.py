@@ -7,6 +7,7 @@ import math
 import random
 import ssl
 import struct
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -267,7 +268,7 @@ class Producer:
         if self._tg is None or self._closed:
             raise NSQError("use the Producer inside 'async with Producer(...)' (or it is closed)")
         limit = self.timeout if timeout is None else timeout
-        deadline = anyio.current_time() + limit
+        deadline = time.monotonic() + limit
         # Fast path: an established connection, no retry bookkeeping.
         conn = self._ready_connection()
         if conn is not None and not deferred:
@@ -278,7 +279,7 @@ class Producer:
             except (ConnectionClosed, ServerError) as exc:
                 self._check_retryable(exc, conn)
         try:
-            with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+            with anyio.fail_after(max(0.0, deadline - time.monotonic())):
                 return await self._send_with_retries(data, deferred)
         except TimeoutError:
             raise self._timeout_error(limit) from None
