@@ -7,9 +7,9 @@ import math
 import random
 import ssl
 import struct
-import time
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+from typing import Any, Literal
 
 import anyio
 import anyio.abc
@@ -28,8 +28,13 @@ from smartnsq.errors import (
     Retry,
     ServerError,
 )
+from smartnsq.lookup.client import check_lookupd_addresses
+from smartnsq.lookup.manager import LookupManager
+from smartnsq.ordered.sharding import Sharder, ShardingKey, key_bytes, sharder_for
 from smartnsq.protocol import commands
+from smartnsq.protocol.message import PublishResult, decode_publish_response
 from smartnsq.protocol.names import validate_topic
+from smartnsq.trace import TraceSwitch, emit
 
 log = logging.getLogger("smartnsq.producer")
 
@@ -93,6 +98,8 @@ class Producer:
         self,
         nsqd_tcp_addresses: Sequence[str] = (),
         *,
+        lookupd_http_addresses: Sequence[str] = (),
+        sharding: Literal["go", "java"] | Sharder = "go",
         connections_per_nsqd: int = 1,
         timeout: float = 10.0,
         max_retries: int = 3,
@@ -112,8 +119,11 @@ class Producer:
     ) -> None:
         if isinstance(nsqd_tcp_addresses, str):
             nsqd_tcp_addresses = [nsqd_tcp_addresses]
-        if not nsqd_tcp_addresses:
-            raise InvalidArgument("Producer needs at least one address in nsqd_tcp_addresses")
+        lookupds = check_lookupd_addresses(lookupd_http_addresses)
+        if not nsqd_tcp_addresses and not lookupds:
+            raise InvalidArgument(
+                "Producer needs nsqd_tcp_addresses or lookupd_http_addresses (or both)"
+            )
         for address in nsqd_tcp_addresses:
             parse_address(address)
         if connections_per_nsqd < 1:
@@ -139,7 +149,12 @@ class Producer:
             identify_extra=identify or {},
             **extra,
         )
-        self._nodes = [_Node(a) for a in dict.fromkeys(nsqd_tcp_addresses)]
+        self._by_address: dict[str, _Node] = {}
+        self._direct = [self._node(a) for a in dict.fromkeys(nsqd_tcp_addresses)]
+        self._lookup = LookupManager(lookupds) if lookupds else None
+        self._sharder = sharder_for(sharding)
+        self._rr: dict[str, int] = {}
+        self.trace = TraceSwitch()
         self._next = 0
         self._per_node = connections_per_nsqd
         self.timeout = timeout
@@ -157,6 +172,8 @@ class Producer:
     async def __aenter__(self) -> Producer:
         if self._tg is not None or self._closed:
             raise NSQError("a Producer can be entered only once")
+        if self._lookup is not None:
+            await self._lookup.__aenter__()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self
@@ -170,9 +187,11 @@ class Producer:
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
-            for node in self._nodes:
+            for node in self._by_address.values():
                 for conn in list(node.connections):
                     await conn.close()
+            if self._lookup is not None:
+                await self._lookup.__aexit__(None, None, None)
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
@@ -185,9 +204,21 @@ class Producer:
         body: bytes,
         *,
         delay: float | None = None,
+        partition: int | None = None,
+        sharding_key: ShardingKey | None = None,
+        trace_id: int | None = None,
+        headers: Mapping[str, Any] | None = None,
         timeout: float | None = None,
-    ) -> None:
-        """Publish one message; with ``delay`` (seconds) nsqd holds it back that long (DPUB)."""
+    ) -> PublishResult | None:
+        """Publish one message and return once nsqd has acknowledged it.
+
+        ``delay`` (seconds) defers delivery (DPUB; classic nsqd only). On a partitioned
+        (Youzan) topic, ``sharding_key`` picks the partition (same key, same partition, in
+        order) and ``partition`` names one outright; otherwise partitions take turns.
+        ``trace_id`` (or tracing switched on for the topic with ``producer.trace``) sends a
+        traced publish and returns a :class:`PublishResult`; ``headers`` sends the JSON ext
+        header of an ext topic. Plain publishes return ``None``.
+        """
         if topic not in self._topics:
             self._topics.add(validate_topic(topic))
         body = _check_body(body)
@@ -196,23 +227,86 @@ class Producer:
                 f"message of {len(body)} bytes exceeds max_message_size "
                 f"({self.max_message_size}); nsqd would reject it"
             )
-        if delay is None:
+        plain = (
+            delay is None
+            and partition is None
+            and sharding_key is None
+            and trace_id is None
+            and headers is None
+            and self._lookup is None
+            and not self.trace.enabled(topic)
+        )
+        if plain:
             line = self._pub_lines.get(topic)
             if line is None:
                 line = self._pub_lines[topic] = b"PUB %s\n" % topic.encode()
             await self._send(b"".join((line, _pack_u32(len(body)), body)), timeout)
-            return
-        if not isinstance(delay, int | float) or not math.isfinite(delay) or delay < 0:
-            raise InvalidArgument(f"delay must be a finite number of seconds >= 0, not {delay!r}")
-        await self._send(commands.dpub(topic, round(delay * 1000), body), timeout, deferred=True)
+            return None
+        self._check_routing(partition, sharding_key)
+        if delay is not None:
+            if not isinstance(delay, int | float) or not math.isfinite(delay) or delay < 0:
+                raise InvalidArgument(
+                    f"delay must be a finite number of seconds >= 0, not {delay!r}"
+                )
+            if trace_id is not None or headers is not None:
+                raise InvalidArgument("delay cannot be combined with trace_id or headers")
+            delay_ms = round(delay * 1000)
+            await self._send_routed(
+                topic,
+                lambda p: commands.dpub(topic, delay_ms, body),
+                partition,
+                sharding_key,
+                timeout,
+                deferred=True,
+            )
+            return None
+        if trace_id is None and self.trace.enabled(topic):
+            trace_id = _new_trace_id()
+        if trace_id is not None:
+            _check_trace_id(trace_id)
+        if headers is not None:
+            if not isinstance(headers, Mapping):
+                raise InvalidType("headers must be a mapping of JSON-serialisable values")
+            ext = dict(headers)
+            if trace_id is not None:
+                ext["##trace_id"] = str(trace_id)
+
+            def build(p: int | None) -> bytes:
+                return commands.pub_ext(topic, body, ext, p)
+        elif trace_id is not None:
+            tid = trace_id
+
+            def build(p: int | None) -> bytes:
+                return commands.pub_trace(topic, body, tid, p)
+        else:
+
+            def build(p: int | None) -> bytes:
+                return commands.pub(topic, body, p)
+
+        answer, address, part = await self._send_routed(
+            topic, build, partition, sharding_key, timeout
+        )
+        result = decode_publish_response(answer)
+        if result is not None and self.trace.enabled(topic):
+            emit_publish(topic, part, address, result)
+        return result
 
     async def publish_many(
-        self, topic: str, bodies: Iterable[bytes], *, timeout: float | None = None
-    ) -> None:
+        self,
+        topic: str,
+        bodies: Iterable[bytes],
+        *,
+        partition: int | None = None,
+        sharding_key: ShardingKey | None = None,
+        trace_ids: Sequence[int] | None = None,
+        timeout: float | None = None,
+    ) -> list[PublishResult] | None:
         """Publish several messages with MPUB, split into as few batches as nsqd accepts.
 
-        Batches go out in order. If one fails after earlier ones succeeded,
-        :class:`~smartnsq.errors.PartialPublish` says how many messages were acknowledged.
+        Batches go out in order, all to one partition. If one fails after earlier ones
+        succeeded, :class:`~smartnsq.errors.PartialPublish` says how many messages were
+        acknowledged. With ``trace_ids`` (one per message; generated when tracing is on for the
+        topic) it sends MPUB_TRACE and returns one :class:`PublishResult` per batch.
         """
         if topic not in self._topics:
             self._topics.add(validate_topic(topic))
@@ -232,27 +326,57 @@ class Producer:
             raise MessageTooLarge(
                 f"message of {max(lens)} bytes exceeds max_message_size ({limit}); nothing was sent"
             )
-        batches: list[tuple[list[bytes], list[int]]] = []
-        if 4 + 4 * len(lens) + sum(lens) <= self.max_body_size:
-            batches.append((checked, lens))
+        if trace_ids is None and self.trace.enabled(topic):
+            trace_ids = [_new_trace_id() for _ in checked]
+        if trace_ids is not None:
+            trace_ids = list(trace_ids)
+            if len(trace_ids) != len(checked):
+                raise InvalidArgument(
+                    f"got {len(checked)} messages but {len(trace_ids)} trace ids; "
+                    "give one per message"
+                )
+            for t in trace_ids:
+                _check_trace_id(t)
+        overhead = 12 if trace_ids is not None else 4
+        batches: list[tuple[int, int]] = []
+        if 4 + overhead * len(lens) + sum(lens) <= self.max_body_size:
+            batches.append((0, len(lens)))
         else:
             start, size = 0, 4
             for i, n in enumerate(lens):
-                if i > start and size + 4 + n > self.max_body_size:
-                    batches.append((checked[start:i], lens[start:i]))
+                if i > start and size + overhead + n > self.max_body_size:
+                    batches.append((start, i))
                     start, size = i, 4
-                size += 4 + n
-            batches.append((checked[start:], lens[start:]))
-        line = b"MPUB %s\n" % topic.encode()
+                size += overhead + n
+            batches.append((start, len(lens)))
+        plain = trace_ids is None and partition is None and sharding_key is None
+        if not plain:
+            self._check_routing(partition, sharding_key)
+        results: list[PublishResult] = []
         done = 0
-        for batch, sizes in batches:
-            parts: list[bytes] = [b""] * (2 * len(batch))
-            parts[0::2] = map(_pack_u32, sizes)
-            parts[1::2] = batch
-            body = b"".join(parts)
-            data = b"".join((line, _pack_u32(len(body) + 4), _pack_u32(len(batch)), body))
+        for start, end in batches:
+            batch = checked[start:end]
             try:
-                await self._send(data, timeout)
+                if plain and self._lookup is None:
+                    await self._send(_mpub(topic, batch, lens[start:end]), timeout)
+                elif trace_ids is None:
+                    await self._send_routed(
+                        topic,
+                        partial(commands.mpub, topic, batch),
+                        partition,
+                        sharding_key,
+                        timeout,
+                    )
+                else:
+                    build = partial(commands.mpub_trace, topic, batch, trace_ids[start:end])
+                    answer, address, part = await self._send_routed(
+                        topic, build, partition, sharding_key, timeout
+                    )
+                    result = decode_publish_response(answer)
+                    if result is not None:
+                        results.append(result)
+                        if self.trace.enabled(topic):
+                            emit_publish(topic, part, address, result, count=len(batch))
             except NSQError as exc:
                 if done == 0:
                     raise
@@ -261,28 +385,40 @@ class Producer:
                     done,
                 ) from exc
             done += len(batch)
+        return results if trace_ids is not None else None
+
+    def _check_routing(self, partition: int | None, key: ShardingKey | None) -> None:
+        if partition is not None and key is not None:
+            raise InvalidArgument("give either partition or sharding_key, not both")
+        if partition is not None and (
+            not isinstance(partition, int) or isinstance(partition, bool) or partition < 0
+        ):
+            raise InvalidArgument(f"partition must be an int >= 0, not {partition!r}")
+        if key is not None:
+            key_bytes(key)  # type check with a clear message
+            if self._lookup is None:
+                raise InvalidArgument(
+                    "sharding_key needs the topic's partition count: configure "
+                    "lookupd_http_addresses (or pass partition= yourself)"
+                )
 
     # -- internals -------------------------------------------------------------------------------
 
-    async def _send(self, data: bytes, timeout: float | None, deferred: bool = False) -> bytes:
+    async def _send(self, data: bytes, timeout: float | None) -> bytes:
+        """Plain publish to the configured nsqd (no routing): the fast path."""
         if self._tg is None or self._closed:
             raise NSQError("use the Producer inside 'async with Producer(...)' (or it is closed)")
         limit = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        # Fast path: an established connection, no retry bookkeeping.
         conn = self._ready_connection()
-        if conn is not None and not deferred:
+        if conn is not None:
             try:
                 return await conn.request(data, publish=True, timeout=limit)
             except NSQTimeout:
                 raise self._timeout_error(limit) from None
             except (ConnectionClosed, ServerError) as exc:
                 self._check_retryable(exc, conn)
-        try:
-            with anyio.fail_after(max(0.0, deadline - time.monotonic())):
-                return await self._send_with_retries(data, deferred)
-        except TimeoutError:
-            raise self._timeout_error(limit) from None
+        answer, _, _ = await self._send_routed(None, lambda p: data, None, None, timeout)
+        return answer
 
     @staticmethod
     def _timeout_error(limit: float) -> NSQTimeout:
@@ -291,49 +427,134 @@ class Producer:
         )
 
     def _ready_connection(self) -> Connection | None:
-        if len(self._nodes) == 1:
-            conns = self._nodes[0].connections
+        if len(self._direct) == 1:
+            conns = self._direct[0].connections
             if conns and len(conns) >= self._per_node:
                 best = min(conns, key=lambda c: c.pending) if len(conns) > 1 else conns[0]
                 if best.usable:
                     return best
         return None
 
-    def _check_retryable(self, exc: Exception, conn: Connection) -> None:
+    def _check_retryable(self, exc: Exception, conn: Connection | None) -> None:
         if isinstance(exc, ServerError):
             if exc.retry is Retry.NEVER:
                 raise exc
-            if exc.fatal or exc.retry is Retry.AFTER_REFRESH:
+            if conn is not None and (exc.fatal or exc.retry is Retry.AFTER_REFRESH):
                 self._tg.start_soon(conn.close, 0.0)  # type: ignore[union-attr]
 
-    async def _send_with_retries(self, data: bytes, deferred: bool) -> bytes:
+    async def _send_routed(
+        self,
+        topic: str | None,
+        build: Callable[[int | None], bytes],
+        partition: int | None,
+        key: ShardingKey | None,
+        timeout: float | None,
+        *,
+        deferred: bool = False,
+    ) -> tuple[bytes, str, int | None]:
+        """Route, send, retry. Returns (answer, nsqd address, partition)."""
+        if self._tg is None or self._closed:
+            raise NSQError("use the Producer inside 'async with Producer(...)' (or it is closed)")
+        limit = self.timeout if timeout is None else timeout
+        try:
+            with anyio.fail_after(limit):
+                return await self._send_with_retries(topic, build, partition, key, deferred)
+        except TimeoutError:
+            raise self._timeout_error(limit) from None
+
+    async def _send_with_retries(
+        self,
+        topic: str | None,
+        build: Callable[[int | None], bytes],
+        partition: int | None,
+        key: ShardingKey | None,
+        deferred: bool,
+    ) -> tuple[bytes, str, int | None]:
         attempt = 0
+        refresh = False
         while True:
             conn: Connection | None = None
             try:
-                conn = await self._acquire()
+                if self._lookup is not None and topic is not None:
+                    address, part = await self._route(topic, partition, key, refresh)
+                    conn = await self._node_connection(self._node(address))
+                else:
+                    conn = await self._acquire()
+                    part = partition
                 if deferred and conn.features.youzan:
                     raise NotSupported(
                         f"nsqd {conn.address} is a Youzan HA server, which has no deferred "
                         "publish (DPUB); publish without delay"
                     )
-                return await conn.request(data, publish=True)
+                answer = await conn.request(build(part), publish=True)
+                return answer, conn.address, part
             except (ConnectionClosed, NoNsqdAvailable, ServerError) as exc:
-                if conn is not None:
-                    self._check_retryable(exc, conn)
+                self._check_retryable(exc, conn)
+                refresh = True
                 attempt += 1
                 if attempt > self.max_retries:
                     raise
                 log.info("publish failed (%s); retry %d of %d", exc, attempt, self.max_retries)
                 await anyio.sleep(self.retry_backoff * 2 ** (attempt - 1) * random.uniform(1, 1.5))
 
+    async def _route(
+        self, topic: str, partition: int | None, key: ShardingKey | None, refresh: bool
+    ) -> tuple[str, int | None]:
+        """Pick the nsqd (and partition) for one publish from the write lookup."""
+        assert self._lookup is not None
+        layout = None if refresh else self._lookup.cached(topic, "w")
+        if layout is None:
+            layout = await self._lookup.refresh(topic, "w")
+        if not layout.partitioned:
+            nodes = layout.producers
+            if not nodes:
+                raise NoNsqdAvailable(f"lookupd lists no nsqd for topic {topic!r}")
+            i = self._rr.get(topic, 0)
+            self._rr[topic] = i + 1
+            return nodes[i % len(nodes)].tcp_address, partition
+        meta = layout.meta
+        count = meta.partition_num if meta is not None and meta.partition_num else 0
+        if key is not None:
+            if not count:
+                raise NotSupported(
+                    f"lookupd gave no partition count for {topic!r}; cannot shard by key"
+                )
+            partition = self._sharder(key, count)
+        if partition is not None:
+            if count and partition >= count:
+                raise InvalidArgument(
+                    f"partition {partition} does not exist: topic {topic!r} has {count}"
+                )
+            node = layout.partitions.get(partition)
+            if node is None:  # never remap: that would break the key's order
+                raise NoNsqdAvailable(
+                    f"partition {partition} of {topic!r} has no writable leader right now"
+                )
+            return node.tcp_address, partition
+        parts = sorted(layout.partitions)
+        if not parts:
+            raise NoNsqdAvailable(f"no partition of {topic!r} is writable right now")
+        i = self._rr.get(topic, 0)
+        self._rr[topic] = i + 1
+        p = parts[i % len(parts)]
+        return layout.partitions[p].tcp_address, p
+
+    def _node(self, address: str) -> _Node:
+        node = self._by_address.get(address)
+        if node is None:
+            node = self._by_address[address] = _Node(address)
+        return node
+
     async def _acquire(self) -> Connection:
-        """A connection to the next healthy nsqd, round-robin; opens one if needed."""
+        """A connection to the next healthy configured nsqd, round-robin; opens one if needed."""
+        nodes = self._direct
+        if not nodes:
+            raise NoNsqdAvailable("no nsqd_tcp_addresses configured")
         now = anyio.current_time()
-        n = len(self._nodes)
+        n = len(nodes)
         start = self._next
         self._next = (start + 1) % n
-        order = [self._nodes[(start + i) % n] for i in range(n)]
+        order = [nodes[(start + i) % n] for i in range(n)]
         # Healthy nodes first; nodes in back-off last, soonest-to-recover first.
         order.sort(key=lambda node: max(0.0, node.down_until - now))
         last: Exception | None = None
@@ -371,3 +592,38 @@ class Producer:
             node.connections.remove(conn)
         if not self._closed and isinstance(conn.close_reason, ConnectionClosed):
             log.warning("connection to nsqd %s lost: %s", node.address, conn.close_reason)
+
+
+def _mpub(topic: str, batch: list[bytes], sizes: list[int]) -> bytes:
+    parts: list[bytes] = [b""] * (2 * len(batch))
+    parts[0::2] = map(_pack_u32, sizes)
+    parts[1::2] = batch
+    body = b"".join(parts)
+    return b"".join(
+        (b"MPUB %s\n" % topic.encode(), _pack_u32(len(body) + 4), _pack_u32(len(batch)), body)
+    )
+
+
+def _new_trace_id() -> int:
+    return random.getrandbits(63) or 1
+
+
+def _check_trace_id(trace_id: object) -> None:
+    if not isinstance(trace_id, int) or isinstance(trace_id, bool) or not 0 <= trace_id < 2**64:
+        raise InvalidArgument(f"trace_id must be an int in [0, 2**64), not {trace_id!r}")
+
+
+def emit_publish(
+    topic: str, partition: int | None, address: str, result: PublishResult, count: int = 1
+) -> None:
+    emit(
+        "publish",
+        topic=topic,
+        partition=result.partition if partition is None else partition,
+        nsqd=address,
+        internal_id=result.internal_id,
+        trace_id=result.trace_id,
+        offset=result.offset,
+        size=result.size,
+        count=count,
+    )

@@ -98,7 +98,7 @@ async def test_bad_input_raises_before_sending(classic_cluster, anyio_backend):
 
 
 def test_bad_configuration():
-    with pytest.raises(InvalidArgument, match="at least one"):
+    with pytest.raises(InvalidArgument, match="nsqd_tcp_addresses or lookupd_http_addresses"):
         Producer([])
     with pytest.raises(InvalidArgument, match="non-numeric port"):
         Producer(["nohost:"])
