@@ -12,6 +12,7 @@ of it in one write, so many commands queued while a write is in progress go out 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
@@ -261,6 +262,11 @@ class Connection:
         return f"<Connection {self.address}{' closed' if self.closed else ''}>"
 
     @property
+    def local_address(self) -> str:
+        """``host:port`` of our end of the connection."""
+        return self._link.local_address
+
+    @property
     def last_read(self) -> float:
         """Event-loop time of the last bytes received."""
         return self._link.last_read
@@ -374,29 +380,36 @@ class Connection:
     # -- running ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Deliver incoming frames until the connection closes, for whatever reason."""
+        """Deliver incoming frames until the connection closes, for whatever reason.
+
+        Whether it ends by itself, by :meth:`close` or by a cancelled caller, the connection
+        is shut down (socket closed, waiting requests failed) before it returns.
+        """
         reason: BaseException | None = None
-        with anyio.CancelScope() as scope:
-            self._scope = scope
-            if self.closed:
-                scope.cancel()
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._watchdog)
-                    await self._link.run(self._on_data, self._after_data)
-                    tg.cancel_scope.cancel()
-            except anyio.EndOfStream:
-                pass
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                reason = ConnectionClosed(f"connection to nsqd {self.address} broke: {exc!r}")
-            except (ProtocolError, ServerError, ConnectionClosed) as exc:
-                reason = exc
-            except BaseExceptionGroup as group:
-                reason = group.exceptions[0]
-        reason = self._stop_reason or reason
-        await self._shutdown(
-            reason or ConnectionClosed(f"nsqd {self.address} closed the connection")
-        )
+        try:
+            with anyio.CancelScope() as scope:
+                self._scope = scope
+                if self.closed:
+                    scope.cancel()
+                try:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._watchdog)
+                        await self._link.run(self._on_data, self._after_data)
+                        tg.cancel_scope.cancel()
+                except anyio.EndOfStream:
+                    pass
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                    reason = ConnectionClosed(f"connection to nsqd {self.address} broke: {exc!r}")
+                except (ProtocolError, ServerError, ConnectionClosed) as exc:
+                    reason = exc
+                except BaseExceptionGroup as group:
+                    reason = group.exceptions[0]
+        finally:
+            reason = self._stop_reason or reason
+            with anyio.CancelScope(shield=True):
+                await self._shutdown(
+                    reason or ConnectionClosed(f"nsqd {self.address} closed the connection")
+                )
 
     async def _watchdog(self) -> None:
         """Expire requests past their deadline; give up on a silent server.
@@ -537,11 +550,12 @@ class Connection:
             text += f": {reason}"
         return ConnectionClosed(text)
 
-    def _stop(self, reason: BaseException) -> None:
-        """Make :meth:`run` end with ``reason``."""
+    def _stop(self, reason: BaseException, graceful: bool = False) -> None:
+        """Make :meth:`run` end with ``reason``; ``graceful`` keeps buffered writes."""
         if self._stop_reason is None:
             self._stop_reason = reason
-        self._link.abort()
+        if not graceful:
+            self._link.abort()
         if self._scope is not None:
             self._scope.cancel()
 
@@ -559,12 +573,17 @@ class Connection:
             self.on_close(self)
 
     async def close(self, timeout: float = 5.0) -> None:
-        """Wait (up to ``timeout``) for outstanding answers, then close."""
+        """Wait (up to ``timeout``) for outstanding answers, send what is queued, close."""
         if self.closed:
             return
         with anyio.move_on_after(timeout):
             while self._waiters and not self.closed:
                 await anyio.sleep(0.005)
-        self._stop(ConnectionClosed(f"connection to nsqd {self.address} closed by the client"))
+        if not self.closed and not self._link.closing:
+            with anyio.move_on_after(max(timeout, 1.0)):
+                with contextlib.suppress(ConnectionClosed, OSError, anyio.BrokenResourceError):
+                    await self._link.flush_out()
+        reason = ConnectionClosed(f"connection to nsqd {self.address} closed by the client")
+        self._stop(reason, graceful=True)
         if self._scope is None:  # run() never started
             await self._shutdown(self._stop_reason or ConnectionClosed("closed"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 import math
@@ -17,7 +18,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import httpx
 
 from smartnsq.connection import Connection, ConnectionConfig, parse_address
 from smartnsq.errors import (
@@ -27,18 +27,24 @@ from smartnsq.errors import (
     LookupFailed,
     NSQError,
     ServerError,
-    TopicNotFound,
+    SubExtendForbidden,
+    SubExtendNeeded,
+    SubOrderRequired,
 )
-from smartnsq.lookup.client import check_lookupd_addresses, fetch_lookup
+from smartnsq.lookup.client import check_lookupd_addresses
+from smartnsq.lookup.manager import LookupManager
 from smartnsq.message import Message
+from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
 from smartnsq.protocol.message import CLASSIC, MessageLayout, decode_message
 from smartnsq.protocol.names import validate_channel, validate_topic
 from smartnsq.rdy import distribute
+from smartnsq.trace import TraceSwitch, emit
 
 log = logging.getLogger("smartnsq.consumer")
 
 Handler = Callable[[Message], Awaitable[None] | None]
+Target = tuple[str, int | None]  # (nsqd tcp address, partition or None)
 
 _CLASSIC = CLASSIC
 _unpack_head = struct.Struct(">qH").unpack_from
@@ -67,19 +73,37 @@ class _Reader:
         "last_message",
         "layout",
         "max_rdy",
+        "ordered",
+        "partition",
         "rdy",
         "rdy_left",
         "rdy_since",
         "write",
     )
 
-    def __init__(self, consumer: Consumer, address: str, conn: Connection) -> None:
+    def __init__(
+        self,
+        consumer: Consumer,
+        address: str,
+        conn: Connection,
+        partition: int | None = None,
+        *,
+        ordered: bool = False,
+        ext: bool = False,
+    ) -> None:
         self.consumer = consumer
         self.address = address
         self.conn = conn
+        self.partition = partition
+        self.ordered = ordered
         self.write = conn.queue
-        self.layout = MessageLayout(binary_id=True) if conn.features.youzan else _CLASSIC
-        self.max_rdy = conn.features.max_rdy_count
+        youzan = conn.features.youzan
+        if youzan or ordered or ext:
+            self.layout = MessageLayout(binary_id=youzan, ext=ext, offset=ordered)
+        else:
+            self.layout = _CLASSIC
+        # An ordered partition delivers one message at a time whatever RDY says.
+        self.max_rdy = 1 if ordered else conn.features.max_rdy_count
         self.rdy = 0
         self.rdy_left = 0
         self.in_flight = 0
@@ -157,6 +181,12 @@ class Consumer:
         client_id: str | None = None,
         sample_rate: int = 0,
         connect_timeout: float = 5.0,
+        ordered: bool | None = None,
+        ext: bool | None = None,
+        on_order_violation: Callable[[Message, int, int], Any] | None = None,
+        on_blocked: Callable[[Message], Any] | None = None,
+        blocked_warn_attempts: int = 10,
+        blocked_error_attempts: int = 50,
     ) -> None:
         self.topic = validate_topic(topic)
         self.channel = validate_channel(channel)
@@ -166,9 +196,9 @@ class Consumer:
             nsqd_tcp_addresses = [nsqd_tcp_addresses]
         for address in nsqd_tcp_addresses:
             parse_address(address)
-        self._lookupds = check_lookupd_addresses(lookupd_http_addresses)
+        lookupds = check_lookupd_addresses(lookupd_http_addresses)
         self._direct = list(dict.fromkeys(nsqd_tcp_addresses))
-        if not self._direct and not self._lookupds:
+        if not self._direct and not lookupds:
             raise InvalidArgument(
                 "Consumer needs nsqd_tcp_addresses or lookupd_http_addresses (or both)"
             )
@@ -229,9 +259,9 @@ class Consumer:
             **extra,
         )
 
-        self._readers: dict[str, _Reader] = {}
-        self._wanted: set[str] = set()  # addresses we keep a connection loop for
-        self._loops: dict[str, anyio.CancelScope] = {}
+        self._readers: dict[Target, _Reader] = {}
+        self._wanted: set[Target] = set()  # (nsqd, partition) we keep a connection loop for
+        self._loops: dict[Target, anyio.CancelScope] = {}
         self._queue: deque[Message] = deque()
         self._idle: deque[anyio.Event] = deque()
         self._active: set[Message] = set()
@@ -246,8 +276,21 @@ class Consumer:
         self._stopping = False
         self._started = False
         self._pulled: Message | None = None
-        self._lookupd_failing: set[str] = set()
-        self._max_rdy_hint = 2500
+        self._lookup = (
+            LookupManager(lookupds, listlookup_interval=lookupd_poll_interval) if lookupds else None
+        )
+        self._ordered_option = ordered
+        self._ext_option = ext
+        self._ordered = bool(ordered)
+        self._ext = bool(ext)
+        self.last_error: ServerError | None = None
+        self.trace = TraceSwitch()
+        self._order: dict[int | None, OrderChecker] = {}
+        self._order_violations = 0
+        self._on_order_violation = on_order_violation
+        self._on_blocked = on_blocked
+        self.blocked_warn_attempts = blocked_warn_attempts
+        self.blocked_error_attempts = blocked_error_attempts
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -260,9 +303,10 @@ class Consumer:
         self._start_tasks(self._tg)
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, exc_type: object, *exc: object) -> None:
         try:
-            await self.stop()
+            # A pulled message whose loop body ended normally (say, by 'break') was handled.
+            await self._stop(10.0, pulled_done=exc_type is None)
         finally:
             assert self._tg is not None
             self._tg.cancel_scope.cancel()
@@ -281,8 +325,8 @@ class Consumer:
 
     def _start_tasks(self, tg: anyio.abc.TaskGroup) -> None:
         for address in self._direct:
-            self._want(address)
-        if self._lookupds:
+            self._want((address, None))
+        if self._lookup is not None:
             tg.start_soon(self._lookup_loop)
         tg.start_soon(self._rdy_loop)
         if self.auto_touch:
@@ -293,11 +337,15 @@ class Consumer:
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop gracefully.
 
-        Sends RDY 0 and CLS everywhere, requeues messages not yet handed to the handler, lets
+        Sends RDY 0 and CLS everywhere, requeues messages not yet handed to the handler (a
+        message pulled with ``async for`` counts as handled and is finished), lets
         running handlers finish for up to ``timeout`` seconds (their messages are then FINed or
         REQed as usual; handlers still running after that are cancelled and their messages
         requeued), then closes the connections.
         """
+        await self._stop(timeout, pulled_done=True)
+
+    async def _stop(self, timeout: float, pulled_done: bool) -> None:
         if self._stopping:
             await self._stopped.wait()
             return
@@ -309,8 +357,12 @@ class Consumer:
                 reader.conn.queue(commands.CLS)
         while self._queue:  # never started: give them back right away
             self._requeue(self._queue.popleft(), 0, False)
-        if self._pulled is not None and not self._pulled._responded:
-            self._requeue(self._pulled, 0, False)
+        pulled = self._pulled
+        if pulled is not None and pulled._auto and not pulled._responded:
+            if pulled_done:
+                self._finish(pulled)
+            else:
+                self._requeue(pulled, 0, False)
         with anyio.move_on_after(timeout):
             while self._active:
                 await anyio.sleep(0.01)
@@ -399,10 +451,14 @@ class Consumer:
         self._received += 1
         if reader.rdy_left <= reader.rdy >> 2 and reader.rdy and not self._backoff_level:
             reader.set_rdy(reader.rdy)  # top up before it runs dry
+        if reader.ordered:
+            self._check_order(reader, msg)
+        if self.trace.any and self.trace.enabled(self.topic):
+            self._trace(reader, msg)
         if self._stopping:
             self._requeue(msg, 0, False)
             return
-        if self.max_attempts and msg.attempts > self.max_attempts:
+        if self.max_attempts and msg.attempts > self.max_attempts and not reader.ordered:
             self._give_up(msg)
             return
         handler = self._handler
@@ -418,6 +474,67 @@ class Consumer:
         else:
             if msg._auto and not msg._responded:
                 self._finish(msg)
+
+    def _check_order(self, reader: _Reader, msg: Message) -> None:
+        partition = msg.partition if reader.partition is None else reader.partition
+        checker = self._order.get(partition)
+        if checker is None:
+            checker = self._order[partition] = OrderChecker()
+        last_id, last_offset = checker.last_id, checker.last_offset
+        if not checker.check(msg.internal_id, msg.offset):
+            self._order_violations += 1
+            log.error(
+                "order violation on %s partition %s: internal id %d / offset %s after %d / %d",
+                self.topic,
+                partition,
+                msg.internal_id,
+                msg.offset,
+                last_id,
+                last_offset,
+            )
+            if self._on_order_violation is not None:
+                self._callback(self._on_order_violation, msg, last_id, last_offset)
+        attempts = msg.attempts
+        if attempts >= self.blocked_warn_attempts:
+            level = logging.ERROR if attempts >= self.blocked_error_attempts else logging.WARNING
+            if attempts in (self.blocked_warn_attempts, self.blocked_error_attempts) or (
+                attempts % self.blocked_warn_attempts == 0
+            ):
+                log.log(
+                    level,
+                    "ordered partition %s of %s is blocked: message %s is on attempt %d",
+                    partition,
+                    self.topic,
+                    msg.id.hex(),
+                    attempts,
+                )
+            if self._on_blocked is not None:
+                self._callback(self._on_blocked, msg)
+
+    def _callback(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            result = fn(*args)
+            if inspect.isawaitable(result) and self._tg is not None:
+                self._tg.start_soon(_await, result)
+        except Exception:
+            log.exception("callback %r failed", fn)
+
+    def _trace(self, reader: _Reader, msg: Message) -> None:
+        youzan = reader.layout.binary_id
+        emit(
+            "consume",
+            topic=self.topic,
+            channel=self.channel,
+            partition=msg.partition,
+            internal_id=msg.internal_id if youzan else None,
+            trace_id=msg.trace_id if youzan else None,
+            message_id=msg.id.hex(),
+            offset=msg.offset,
+            size=msg.raw_size,
+            attempts=msg.attempts,
+            local=reader.conn.local_address,
+            nsqd=reader.address,
+        )
 
     async def _run_workers(self) -> None:
         with anyio.CancelScope() as scope:
@@ -501,7 +618,9 @@ class Consumer:
             self._backoff_result(success=True)
 
     def _requeue(self, msg: Message, delay: float | None, backoff: bool) -> None:
-        if delay is None:
+        if msg._reader.ordered:
+            delay = 0  # an ordered channel ignores REQ delays: the message must come back now
+        elif delay is None:
             delay = min(self.requeue_delay * msg.attempts, self.max_requeue_delay)
         elif not isinstance(delay, int | float) or not 0 <= delay < math.inf:
             raise InvalidArgument(f"requeue delay must be a number of seconds >= 0, not {delay!r}")
@@ -601,57 +720,89 @@ class Consumer:
 
     # -- connections -----------------------------------------------------------------------------
 
-    def _want(self, address: str) -> None:
-        if address in self._wanted or self._tg is None:
+    def _want(self, target: Target) -> None:
+        if target in self._wanted or self._tg is None:
             return
-        self._wanted.add(address)
-        self._tg.start_soon(self._connection_loop, address)
+        self._wanted.add(target)
+        self._tg.start_soon(self._connection_loop, target)
 
-    def _unwant(self, address: str) -> None:
-        self._wanted.discard(address)
-        scope = self._loops.pop(address, None)
+    def _unwant(self, target: Target) -> None:
+        self._wanted.discard(target)
+        scope = self._loops.pop(target, None)
         if scope is not None:
             scope.cancel()
 
-    async def _connection_loop(self, address: str) -> None:
+    async def _connection_loop(self, target: Target) -> None:
         failures = 0
+        name = _target_name(target)
         with anyio.CancelScope() as scope:
-            self._loops[address] = scope
-            while address in self._wanted and not self._stopping:
+            self._loops[target] = scope
+            while target in self._wanted and not self._stopping:
                 try:
-                    await self._connect_and_consume(address)
+                    await self._connect_and_consume(target)
                     failures = 0
+                except (SubOrderRequired, SubExtendNeeded, SubExtendForbidden) as exc:
+                    failures += 1
+                    if self._adapt(exc):
+                        log.warning("nsqd %s: %s; switching subscription mode", name, exc)
+                        failures = 0
+                        continue
+                    self.last_error = exc
+                    level = logging.ERROR if failures == 1 else logging.DEBUG
+                    log.log(level, "nsqd %s refuses the subscription: %s", name, _explain(exc))
                 except (ConnectionClosed, ServerError, OSError) as exc:
                     failures += 1
                     level = logging.WARNING if failures == 1 else logging.DEBUG
-                    log.log(level, "nsqd %s: %s (attempt %d)", address, exc, failures)
-                if self._stopping or address not in self._wanted:
+                    log.log(level, "nsqd %s: %s (attempt %d)", name, exc, failures)
+                if self._stopping or target not in self._wanted:
                     break
-                if self._lookupds:
+                if self._lookup is not None:
                     self._requery.set()
                 delay = min(self.reconnect_max, self.reconnect_min * 2 ** min(failures, 16))
                 await anyio.sleep(delay * random.uniform(0.5, 1.0))
-        if self._loops.get(address) is scope:
-            del self._loops[address]
+        if self._loops.get(target) is scope:
+            del self._loops[target]
 
-    async def _connect_and_consume(self, address: str) -> None:
-        conn = await Connection.open(address, self._config)
-        reader = _Reader(self, address, conn)
+    def _adapt(self, exc: ServerError) -> bool:
+        """With ``ordered``/``ext`` left to the topic (None), follow what the server demands."""
+        if isinstance(exc, SubOrderRequired) and self._ordered_option is None:
+            self._ordered = True
+            return True
+        if isinstance(exc, SubExtendNeeded | SubExtendForbidden) and self._ext_option is None:
+            self._ext = isinstance(exc, SubExtendNeeded)
+            return True
+        return False
+
+    async def _connect_and_consume(self, target: Target) -> None:
+        address, partition = target
+        ordered, ext = self._ordered, self._ext
+        config = self._config
+        if ext:
+            config = dataclasses.replace(config, extend_support=True)
+        conn = await Connection.open(address, config)
+        reader = _Reader(self, address, conn, partition, ordered=ordered, ext=ext)
         conn.on_message = lambda src, start, end: self._on_message(reader, src, start, end)
         conn.before_read = reader.before_read
         conn.on_async_error = lambda err: log.warning("nsqd %s: %s", address, err)
+        sub = commands.sub_ordered if ordered else commands.sub
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(conn.run)
-                await conn.request(commands.sub(self.topic, self.channel), timeout=10)
-                self._readers[address] = reader
-                log.info("subscribed to %s/%s on nsqd %s", self.topic, self.channel, address)
+                await conn.request(sub(self.topic, self.channel, partition), timeout=10)
+                self._readers[target] = reader
+                log.info(
+                    "subscribed to %s/%s on nsqd %s%s",
+                    self.topic,
+                    self.channel,
+                    _target_name(target),
+                    " (ordered)" if ordered else "",
+                )
                 if not self._backoff_level and self._max_in_flight:
                     reader.set_rdy(1)  # prove the connection before giving it a full share
                 self._redistribute()
         finally:
-            if self._readers.get(address) is reader:
-                del self._readers[address]
+            if self._readers.get(target) is reader:
+                del self._readers[target]
             if not conn.closed:
                 with anyio.CancelScope(shield=True):
                     await conn.close(timeout=0)
@@ -663,50 +814,60 @@ class Consumer:
     # -- lookupd ---------------------------------------------------------------------------------
 
     async def _lookup_loop(self) -> None:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=2.0)) as client:
+        assert self._lookup is not None
+        async with self._lookup:
             last = -math.inf
             while not self._stopping:
                 # Rate limit: re-queries triggered by dropped connections wait at least 1 s.
                 await anyio.sleep(max(0.0, last + 1.0 - anyio.current_time()))
                 last = anyio.current_time()
                 self._requery = anyio.Event()
-                await self._query_lookupds(client)
+                await self._query_lookupds()
                 j = self.lookupd_poll_jitter
                 with anyio.move_on_after(self.lookupd_poll_interval * random.uniform(1 - j, 1 + j)):
                     await self._requery.wait()
 
-    async def _query_lookupds(self, client: httpx.AsyncClient) -> None:
-        found: set[str] = set()
-        answered = 0
+    async def _query_lookupds(self) -> None:
+        """Ask every lookupd at once; connect to new nsqd, drop those no lookupd lists."""
+        assert self._lookup is not None
+        try:
+            layout = await self._lookup.lookup(self.topic, "r")
+        except LookupFailed as exc:  # every lookupd down: keep what we have
+            log.debug("lookup of %s failed: %s", self.topic, exc)
+            return
+        if layout.meta is not None and layout.meta.partition_num:
+            if self._ordered_option is None:
+                self._ordered = layout.meta.ordered
+            if self._ext_option is None:
+                self._ext = layout.meta.extend_support
+        found: set[Target]
+        if layout.partitions:
+            found = {(node.tcp_address, p) for p, node in layout.partitions.items()}
+        else:
+            found = {(node.tcp_address, None) for node in layout.producers}
+        for target in found:
+            self._want(target)
+        for target in list(self._wanted):
+            if target not in found and target[0] not in self._direct:
+                log.info(
+                    "nsqd %s no longer listed for %s; disconnecting",
+                    _target_name(target),
+                    self.topic,
+                )
+                self._unwant(target)
 
-        async def ask(url: str) -> None:
-            nonlocal answered
-            try:
-                layout = await fetch_lookup(client, url, self.topic)
-            except TopicNotFound:
-                layout = None
-            except LookupFailed as exc:
-                if url not in self._lookupd_failing:
-                    self._lookupd_failing.add(url)
-                    log.warning("%s (will keep trying; logged once until it recovers)", exc)
-                return
-            if url in self._lookupd_failing:
-                self._lookupd_failing.discard(url)
-                log.info("lookupd %s answers again", url)
-            answered += 1
-            if layout is not None:
-                found.update(node.tcp_address for node in layout.producers)
 
-        async with anyio.create_task_group() as tg:
-            for url in self._lookupds:
-                tg.start_soon(ask, url)
-        for address in found:
-            self._want(address)
-        if answered:  # only prune on real answers, never because every lookupd was down
-            for address in list(self._wanted):
-                if address not in found and address not in self._direct:
-                    log.info("nsqd %s no longer listed for %s; disconnecting", address, self.topic)
-                    self._unwant(address)
+def _target_name(target: Target) -> str:
+    address, partition = target
+    return address if partition is None else f"{address} partition {partition}"
+
+
+def _explain(exc: ServerError) -> str:
+    if isinstance(exc, SubOrderRequired):
+        return f"{exc}: the topic is ordered; use ordered=True (or leave ordered=None)"
+    if isinstance(exc, SubExtendNeeded):
+        return f"{exc}: the topic carries ext headers; use ext=True (or leave ext=None)"
+    return f"{exc}: the topic has no ext headers; use ext=False (or leave ext=None)"
 
 
 async def _await(awaitable: Awaitable[Any]) -> None:

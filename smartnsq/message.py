@@ -35,6 +35,14 @@ class Message(RawMessage):
         return self._reader.address
 
     @property
+    def partition(self) -> int | None:  # type: ignore[override]
+        """The Youzan partition (``None`` from classic nsqd)."""
+        reader = self._reader
+        if reader.partition is not None:
+            return reader.partition
+        return RawMessage.partition.fget(self) if reader.layout.binary_id else None  # type: ignore[attr-defined]
+
+    @property
     def has_responded(self) -> bool:
         return self._responded
 

@@ -27,6 +27,7 @@ from typing import Protocol
 
 import anyio
 import anyio.abc
+from anyio.abc import SocketAttribute
 from anyio.streams.tls import TLSStream
 
 from smartnsq.errors import ConnectionClosed
@@ -45,12 +46,16 @@ class Link(Protocol):
     @property
     def closing(self) -> bool: ...
 
+    @property
+    def local_address(self) -> str: ...
+
     async def receive(self) -> bytes: ...
     def write(self, data: bytes) -> None: ...
     def write_now(self, data: bytes) -> None: ...
     async def drain(self) -> None: ...
     async def start_tls(self, context: ssl.SSLContext, hostname: str) -> None: ...
     async def run(self, on_data: OnData, after_data: Callable[[], None]) -> None: ...
+    async def flush_out(self) -> None: ...
     def abort(self) -> None: ...
     async def aclose(self) -> None: ...
 
@@ -91,6 +96,11 @@ class AsyncioLink(asyncio.Protocol):
     @property
     def closing(self) -> bool:
         return self._closed.done()
+
+    @property
+    def local_address(self) -> str:
+        name = self._transport.get_extra_info("sockname") if self._transport else None
+        return f"{name[0]}:{name[1]}" if name else ""
 
     # asyncio.Protocol callbacks
 
@@ -197,6 +207,11 @@ class AsyncioLink(asyncio.Protocol):
         if exc is not None:
             raise exc
 
+    async def flush_out(self) -> None:
+        """Hand everything buffered to the transport now (close() then sends it all)."""
+        self._flush()
+        await self.drain()
+
     def abort(self) -> None:
         self._finish(None)
         if self._transport is not None:
@@ -221,6 +236,14 @@ class StreamLink:
     @property
     def closing(self) -> bool:
         return self._closing
+
+    @property
+    def local_address(self) -> str:
+        try:
+            name = self._stream.extra(SocketAttribute.local_address)
+        except anyio.TypedAttributeLookupError:
+            return ""
+        return f"{name[0]}:{name[1]}" if isinstance(name, tuple) else str(name)
 
     async def receive(self) -> bytes:
         data = await self._stream.receive(_READ_SIZE)
@@ -270,6 +293,9 @@ class StreamLink:
                     after_data()
         finally:
             self._closing = True
+
+    async def flush_out(self) -> None:
+        await self.drain()
 
     def abort(self) -> None:
         self._closing = True

@@ -8,8 +8,10 @@ from smartnsq.ordered.sharding import (
     java_partition,
     sharder_for,
 )
+from smartnsq.ordered.validation import OrderChecker
 
 __all__ = [
+    "OrderChecker",
     "Sharder",
     "ShardingKey",
     "go_partition",

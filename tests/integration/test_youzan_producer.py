@@ -42,7 +42,7 @@ def lookupds(cluster) -> list[str]:
 async def test_round_robin_over_partitions_and_traced_results(
     youzan_cluster, topic2, anyio_backend
 ):
-    topic, nodes = topic2
+    topic, _ = topic2
     async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
         results = [await producer.publish(topic, b"rr %d" % i, trace_id=i + 1) for i in range(10)]
     assert all(r is not None for r in results)
