@@ -26,6 +26,7 @@ from smartnsq.errors import (
     InvalidType,
     LookupFailed,
     NSQError,
+    NSQTimeout,
     ServerError,
     SubExtendForbidden,
     SubExtendNeeded,
@@ -750,7 +751,7 @@ class Consumer:
                     self.last_error = exc
                     level = logging.ERROR if failures == 1 else logging.DEBUG
                     log.log(level, "nsqd %s refuses the subscription: %s", name, _explain(exc))
-                except (ConnectionClosed, ServerError, OSError) as exc:
+                except (ConnectionClosed, ServerError, NSQTimeout, OSError) as exc:
                     failures += 1
                     level = logging.WARNING if failures == 1 else logging.DEBUG
                     log.log(level, "nsqd %s: %s (attempt %d)", name, exc, failures)
@@ -785,10 +786,16 @@ class Consumer:
         conn.before_read = reader.before_read
         conn.on_async_error = lambda err: log.warning("nsqd %s: %s", address, err)
         sub = commands.sub_ordered if ordered else commands.sub
+        refused: NSQError | None = None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(conn.run)
-                await conn.request(sub(self.topic, self.channel, partition), timeout=10)
+                try:
+                    await conn.request(sub(self.topic, self.channel, partition), timeout=10)
+                except NSQError as exc:  # raised plainly, not wrapped in a task-group error
+                    refused = exc
+                    tg.cancel_scope.cancel()
+                    return
                 self._readers[target] = reader
                 log.info(
                     "subscribed to %s/%s on nsqd %s%s",
@@ -807,6 +814,8 @@ class Consumer:
                 with anyio.CancelScope(shield=True):
                     await conn.close(timeout=0)
             self._redistribute()
+            if refused is not None:
+                raise refused
         reason = conn.close_reason
         if not self._stopping and reason is not None:
             raise reason if isinstance(reason, NSQError) else ConnectionClosed(str(reason))

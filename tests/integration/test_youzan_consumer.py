@@ -1,0 +1,249 @@
+"""Partition-aware and ordered consumption against the real Youzan HA cluster."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import signal
+from collections import defaultdict
+
+import anyio
+import pytest
+
+from compat.youzan import create_topic
+from smartnsq import Consumer, Message, Producer
+from smartnsq.errors import SubOrderRequired
+from smartnsq.trace import JsonFormatter
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.anyio,
+    pytest.mark.parametrize("anyio_backend", ["asyncio"]),
+]
+
+
+def lookupds(cluster) -> list[str]:
+    return [d.http for d in cluster.lookupd]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{random.getrandbits(32):x}"
+
+
+async def wait_until(predicate, timeout: float, what: str) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.05)
+
+
+async def test_ordered_topic_keys_stay_in_order(youzan_cluster, anyio_backend):
+    """4 partitions, 200 keys, 20,000 messages from 4 concurrent producers."""
+    topic = unique("ord")
+    create_topic(youzan_cluster, topic, partitions=4, replicas=1, ordered=True, channel="ch")
+    keys = [f"key-{k}" for k in range(200)]
+    per_key = 25  # x 200 keys = 5,000 per producer... split over 4 producers below
+    sent: dict[str, list[int]] = defaultdict(list)
+
+    async def producer_task(index: int) -> None:
+        async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+            for k in keys[index::4]:  # each producer owns 50 keys, so per-key order is defined
+                bodies = []
+                for seq in range(per_key * 4):
+                    bodies.append(f"{k}:{seq}".encode())
+                    sent[k].append(seq)
+                for body in bodies:
+                    await producer.publish(topic, body, sharding_key=k)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(4):
+            tg.start_soon(producer_task, i)
+    total = sum(len(v) for v in sent.values())
+    assert total == 20_000
+
+    seen: dict[str, list[int]] = defaultdict(list)
+    offsets: dict[int, list[int]] = defaultdict(list)
+    count = 0
+    done = anyio.Event()
+    violations: list[Message] = []
+
+    def handle(message: Message) -> None:
+        nonlocal count
+        key, seq = message.body.decode().rsplit(":", 1)
+        if seen[key] and seen[key][-1] == int(seq):
+            return  # a redelivery of the last one (allowed)
+        seen[key].append(int(seq))
+        assert message.offset is not None and message.partition is not None
+        offsets[message.partition].append(message.offset)
+        count += 1
+        if count >= total:
+            done.set()
+
+    async with Consumer(
+        topic,
+        "ch",
+        handle,
+        lookupd_http_addresses=lookupds(youzan_cluster),
+        max_in_flight=16,
+        on_order_violation=lambda m, i, o: violations.append(m),
+    ) as consumer:
+        with anyio.fail_after(120):
+            await done.wait()
+        stats = consumer.stats()
+    assert stats.connections == 4
+    assert not violations
+    for key in keys:
+        assert seen[key] == sent[key], key
+    for partition, offs in offsets.items():
+        assert offs == sorted(offs), f"offsets went backwards in partition {partition}"
+
+
+async def test_unordered_partitioned_topic_consumes_everything(youzan_cluster, anyio_backend):
+    topic = unique("part")
+    create_topic(youzan_cluster, topic, partitions=2, replicas=1, channel="ch")
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        for i in range(20):
+            await producer.publish_many(topic, [b"%d-%d" % (i, j) for j in range(100)])
+    got: set[bytes] = set()
+    partitions: set[int] = set()
+    done = anyio.Event()
+
+    async def handle(message: Message) -> None:
+        got.add(message.body)
+        assert message.partition is not None
+        partitions.add(message.partition)
+        if len(got) >= 2000:
+            done.set()
+
+    async with Consumer(
+        topic, "ch", handle, lookupd_http_addresses=lookupds(youzan_cluster), max_in_flight=200
+    ) as consumer:
+        with anyio.fail_after(60):
+            await done.wait()
+        assert consumer.stats().connections == 2
+    assert partitions == {0, 1}
+
+
+async def test_sub_order_is_must_surfaces_or_adapts(youzan_cluster, anyio_backend, caplog):
+    topic = unique("must")
+    info = create_topic(youzan_cluster, topic, partitions=1, replicas=1, ordered=True, channel="ch")
+    node = info["partitions"]["0"]
+    address = f"{node['broadcast_address']}:{node['tcp_port']}"
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        await producer.publish(topic, b"ordered", partition=0)
+
+    # Told explicitly "not ordered": the server's refusal is surfaced, clearly.
+    caplog.set_level(logging.ERROR, logger="smartnsq.consumer")
+    async with Consumer(
+        topic, "ch", lambda m: None, nsqd_tcp_addresses=[address], ordered=False
+    ) as c:
+        await wait_until(lambda: c.last_error is not None, 10, "the subscription error")
+        assert isinstance(c.last_error, SubOrderRequired)
+        assert c.stats().connections == 0
+    assert any("ordered=True" in r.getMessage() for r in caplog.records)
+
+    # Left to the topic (the default): it switches to SUB_ORDERED by itself.
+    got = anyio.Event()
+    async with Consumer(topic, "ch", lambda m: got.set(), nsqd_tcp_addresses=[address]):
+        with anyio.fail_after(15):
+            await got.wait()
+
+
+async def test_consume_trace_records_only_while_enabled(youzan_cluster, anyio_backend, caplog):
+    topic = unique("trc")
+    create_topic(youzan_cluster, topic, partitions=1, replicas=1, channel="ch")
+    caplog.set_level(logging.INFO, logger="smartnsq.trace")
+    received: list[Message] = []
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        first = await producer.publish(topic, b"one", trace_id=111)
+        async with Consumer(
+            topic, "ch", received.append, lookupd_http_addresses=lookupds(youzan_cluster)
+        ) as consumer:
+            await wait_until(lambda: len(received) == 1, 20, "first message")
+            consumer.trace.enable(topic)
+            await producer.publish(topic, b"two", trace_id=222)
+            await wait_until(lambda: len(received) == 2, 20, "second message")
+            consumer.trace.disable(topic)
+            await producer.publish(topic, b"three")
+            await wait_until(lambda: len(received) == 3, 20, "third message")
+    assert first is not None and received[0].trace_id == 111
+    records = [r for r in caplog.records if r.name == "smartnsq.trace"]
+    assert len(records) == 1
+    line = json.loads(JsonFormatter().format(records[0]))
+    assert line["event"] == "consume"
+    assert line["trace_id"] == 222 and line["topic"] == topic and line["channel"] == "ch"
+    assert line["internal_id"] == received[1].internal_id
+    assert line["partition"] == 0 and line["attempts"] == 1
+    assert line["local"].startswith("127.0.0.1:") and line["nsqd"].startswith("127.0.0.1:")
+
+
+async def test_leader_change_during_publish(cluster_factory, anyio_backend):
+    """Stop the nsqd leading a replicated partition mid-publish: producers retry on the new
+    leader and every publish reported successful reaches the consumer."""
+    # Three replicas: after losing the leader the remaining two still form a write quorum
+    # (with two replicas the fork keeps the partition read-only until a replica comes back).
+    cluster = cluster_factory("youzan", nsqd=3)
+    topic = unique("lead")
+    info = create_topic(cluster, topic, partitions=1, replicas=3, channel="ch")
+    leader_port = info["partitions"]["0"]["tcp_port"]
+    leader = next(i for i, d in enumerate(cluster.nsqd) if d.tcp.endswith(f":{leader_port}"))
+    ok: list[bytes] = []
+    stopped = anyio.Event()
+    async with Producer(
+        lookupd_http_addresses=lookupds(cluster), timeout=60, max_retries=50, retry_backoff=0.2
+    ) as producer:
+
+        async def publisher() -> None:
+            i = 0
+            while not stopped.is_set() or i < 600:
+                body = b"m%d" % i
+                await producer.publish(topic, body)  # must not raise: retried until it lands
+                ok.append(body)
+                i += 1
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(publisher)
+            await wait_until(lambda: len(ok) >= 200, 30, "200 publishes before the stop")
+            await anyio.to_thread.run_sync(lambda: cluster.kill_nsqd(leader, signal.SIGTERM))
+            stopped.set()
+    got: set[bytes] = set()
+    done = anyio.Event()
+
+    def handle(message: Message) -> None:
+        got.add(message.body)
+        if set(ok) <= got:
+            done.set()
+
+    async with Consumer(
+        topic, "ch", handle, lookupd_http_addresses=lookupds(cluster), max_in_flight=100
+    ):
+        with anyio.fail_after(90):
+            await done.wait()
+    assert set(ok) <= got
+
+
+async def test_lookupd_leader_killed_discovery_continues(cluster_factory, anyio_backend):
+    cluster = cluster_factory("youzan", nsqd=2, lookupd=2)
+    topic = unique("lkd")
+    create_topic(cluster, topic, partitions=2, replicas=1, channel="ch")
+    leader_http = cluster.lookupd_leader()
+    leader = next(d for d in cluster.lookupd if d.http == leader_http)
+    other = next(d for d in cluster.lookupd if d.http != leader_http)
+    leader.signal(signal.SIGKILL)
+    assert leader.wait_exit(10)
+    got: set[bytes] = set()
+    done = anyio.Event()
+    # Seeds: the dead leader first. The live one must carry discovery and publishing.
+    seeds = [leader.http, other.http]
+    async with Producer(lookupd_http_addresses=seeds, timeout=30) as producer:
+        for i in range(50):
+            await producer.publish(topic, b"k%d" % i)
+
+    def handle(message: Message) -> None:
+        got.add(message.body)
+        if len(got) >= 50:
+            done.set()
+
+    async with Consumer(topic, "ch", handle, lookupd_http_addresses=seeds, max_in_flight=50):
+        with anyio.fail_after(60):
+            await done.wait()
