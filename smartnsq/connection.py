@@ -476,6 +476,12 @@ class Connection:
 
     # -- writing ---------------------------------------------------------------------------------
 
+    @property
+    def raw_write(self) -> Callable[[bytes], None]:
+        """The transport's buffered write, for hot paths that already know the connection
+        is up; it raises :class:`ConnectionClosed` once the transport is going down."""
+        return self._link.write
+
     def queue(self, data: bytes) -> None:
         """Send a command soon, coalesced with others; never blocks.
 

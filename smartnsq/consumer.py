@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
@@ -97,7 +98,7 @@ class _Reader:
         self.conn = conn
         self.partition = partition
         self.ordered = ordered
-        self.write = conn.queue
+        self.write = conn.raw_write
         youzan = conn.features.youzan
         if youzan or ordered or ext:
             self.layout = MessageLayout(binary_id=youzan, ext=ext, offset=ordered)
@@ -454,7 +455,7 @@ class Consumer:
             reader.set_rdy(reader.rdy)  # top up before it runs dry
         if reader.ordered:
             self._check_order(reader, msg)
-        if self.trace.any and self.trace.enabled(self.topic):
+        if self.trace.active and self.trace.enabled(self.topic):
             self._trace(reader, msg)
         if self._stopping:
             self._requeue(msg, 0, False)
@@ -612,7 +613,20 @@ class Consumer:
             )
 
     def _finish(self, msg: Message, count: bool = True) -> None:
-        self._respond(msg, b"FIN " + msg.id + b"\n")
+        # _respond inlined: this runs once per message.
+        if msg._responded:
+            raise NSQError(f"message {msg.id.hex()} was already answered")
+        msg._responded = True
+        reader = msg._reader
+        reader.in_flight -= 1
+        try:
+            reader.write(b"FIN %s\n" % msg.id)
+        except ConnectionClosed:
+            log.info(
+                "could not finish message %s: connection to %s is gone; nsqd will redeliver it",
+                msg.id.hex(),
+                reader.address,
+            )
         if count:
             self._finished += 1
         if self._backoff_level and count:
@@ -782,7 +796,7 @@ class Consumer:
             config = dataclasses.replace(config, extend_support=True)
         conn = await Connection.open(address, config)
         reader = _Reader(self, address, conn, partition, ordered=ordered, ext=ext)
-        conn.on_message = lambda src, start, end: self._on_message(reader, src, start, end)
+        conn.on_message = partial(self._on_message, reader)
         conn.before_read = reader.before_read
         conn.on_async_error = lambda err: log.warning("nsqd %s: %s", address, err)
         sub = commands.sub_ordered if ordered else commands.sub
