@@ -76,7 +76,7 @@ def parse_address(address: str, default_port: int = 4150) -> tuple[str, int]:
 class ConnectionConfig:
     """How to connect and what to negotiate. Times are in seconds."""
 
-    client_id: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+    client_id: str | None = None  # default: the short host name
     hostname: str = field(default_factory=socket.gethostname)
     user_agent: str = f"smartnsq/{__version__}"
     heartbeat_interval: float = 30.0
@@ -114,7 +114,7 @@ class ConnectionConfig:
 
     def identify_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "client_id": self.client_id,
+            "client_id": self.client_id or socket.gethostname().split(".")[0],
             "hostname": self.hostname,
             "user_agent": self.user_agent,
             "feature_negotiation": True,

@@ -244,10 +244,8 @@ class Consumer:
         self._concurrency = concurrency or max(1, min(max_in_flight, 100))
         self.auto_touch = auto_touch
         self._on_giving_up = on_giving_up
-        extra: dict[str, Any] = {}
-        if client_id is not None:
-            extra["client_id"] = client_id
         self._config = ConnectionConfig(
+            client_id=client_id,
             tls=tls,
             tls_hostname=tls_hostname,
             snappy=snappy,
@@ -258,7 +256,6 @@ class Consumer:
             msg_timeout=msg_timeout,
             sample_rate=sample_rate,
             connect_timeout=connect_timeout,
-            **extra,
         )
 
         self._readers: dict[Target, _Reader] = {}

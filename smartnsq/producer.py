@@ -134,10 +134,8 @@ class Producer:
             raise InvalidArgument("max_retries must be >= 0")
         if max_message_size < 1 or max_body_size < max_message_size + 8:
             raise InvalidArgument("need 1 <= max_message_size and max_body_size >= it + 8")
-        extra: dict[str, Any] = {}
-        if client_id is not None:
-            extra["client_id"] = client_id
         self._config = ConnectionConfig(
+            client_id=client_id,
             tls=tls,
             tls_hostname=tls_hostname,
             snappy=snappy,
@@ -147,7 +145,6 @@ class Producer:
             heartbeat_interval=heartbeat_interval,
             connect_timeout=connect_timeout,
             identify_extra=identify or {},
-            **extra,
         )
         self._by_address: dict[str, _Node] = {}
         self._direct = [self._node(a) for a in dict.fromkeys(nsqd_tcp_addresses)]
