@@ -9,10 +9,12 @@ import json
 import math
 import os
 import platform
+import queue
 import re
 import shutil
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -227,6 +229,36 @@ class Nsqd:
                 return dict(t)
         return None
 
+    def create_channel(self, topic: str, channel: str) -> None:
+        q = urllib.parse.urlencode({"topic": topic, "channel": channel})
+        self._req("POST", "/channel/create?" + q)
+
+    def mpub_binary(self, topic: str, body: bytes, count: int) -> None:
+        """HTTP /mpub in binary mode: ``count`` copies of ``body`` in one request."""
+        frame = struct.pack(">I", len(body)) + body
+        data = struct.pack(">I", count) + frame * count
+        q = urllib.parse.urlencode({"topic": topic, "binary": "true"})
+        self._req("POST", "/mpub?" + q, data=data)
+
+    def channel_stats(
+        self, topic: str, channel: str, clients: bool = False
+    ) -> dict[str, Any] | None:
+        q = urllib.parse.urlencode(
+            {
+                "format": "json",
+                "topic": topic,
+                "channel": channel,
+                "include_clients": "true" if clients else "false",
+            }
+        )
+        data = json.loads(self._req("GET", "/stats?" + q))
+        for t in data.get("topics") or []:
+            if t["topic_name"] == topic:
+                for ch in t.get("channels") or []:
+                    if ch["channel_name"] == channel:
+                        return dict(ch)
+        return None
+
     def message_count(self, topic: str) -> int:
         t = self.topic_stats(topic)
         return int(t["message_count"]) if t else 0
@@ -330,6 +362,113 @@ def run_measured(
             cpu,
             timed_out.is_set(),
             rss_upper_bound=not use_time,
+        )
+
+
+class MeasuredProcess:
+    """A client process run like :func:`run_measured` (through GNU ``time -v``,
+    in its own session) but interactive: its stdout lines can be read while it
+    runs, a line can be written to its stdin, and a signal sent to the client
+    itself (not to ``time``, whose report would be lost).  :meth:`finish` waits
+    for it and returns the measures."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        self.use_time = os.access(TIME_V, os.X_OK)
+        # closed by finish()
+        self._tv = tempfile.NamedTemporaryFile("r")  # noqa: SIM115
+        self._err = tempfile.TemporaryFile()  # noqa: SIM115
+        full = [TIME_V, "-v", "-o", self._tv.name, *cmd] if self.use_time else cmd
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            full,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+            env=env,
+            start_new_session=True,
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._out: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace")
+            self._out.append(line)
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def readline(self, timeout: float) -> str | None:
+        """Next stdout line; None at end of output or after ``timeout`` seconds."""
+        try:
+            return self._lines.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return None
+
+    def write_line(self, text: str) -> None:
+        with suppress(OSError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(text.encode() + b"\n")
+            self.proc.stdin.flush()
+
+    def signal(self, sig: int) -> None:
+        """Signal the whole process group (``time`` included)."""
+        with suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    def signal_client(self, sig: int) -> None:
+        """Signal the client only: ``time``'s child when run through it.  (Use
+        SIGTERM: SIGINT stays ignored in clients started from a background job.)"""
+        pid = self.proc.pid
+        if self.use_time:
+            try:
+                kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except OSError:
+                kids = []
+            if not kids:
+                return  # already gone
+            pid = int(kids[0])
+        with suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+    def finish(self, timeout: float = 15.0) -> ProcResult:
+        """Wait for the process (SIGKILL after ``timeout``) and collect its measures."""
+        timed_out = threading.Event()
+
+        def kill() -> None:
+            timed_out.set()
+            self.signal(signal.SIGKILL)
+
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        try:
+            _, status, ru = os.wait4(self.proc.pid, 0)
+        finally:
+            timer.cancel()
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.monotonic() - self.t0
+        self._reader.join(5)
+        if self.proc.stdin is not None:
+            with suppress(OSError):
+                self.proc.stdin.close()
+        rss, cpu = ru.ru_maxrss, ru.ru_utime + ru.ru_stime
+        if self.use_time:
+            rss, cpu = _parse_time_v(self._tv.read())
+        self._err.seek(0)
+        err = self._err.read().decode(errors="replace")
+        self._tv.close()
+        self._err.close()
+        return ProcResult(
+            self.proc.returncode,
+            "".join(self._out),
+            err,
+            wall,
+            rss,
+            cpu,
+            timed_out.is_set(),
+            rss_upper_bound=not self.use_time,
         )
 
 

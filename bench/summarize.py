@@ -1,9 +1,10 @@
 """Turn raw benchmark JSON (bench/results/*.json) into BENCHMARKS.md sections.
 
-    python -m bench.summarize [bench/results/publish-....json]
+    python -m bench.summarize [bench/results/{publish,consume}-....json]
 
-Without an argument the newest non-quick publish result is used.  Only the
-"## Publish" section of BENCHMARKS.md is rewritten; other sections stay.
+Without an argument the newest non-quick publish and consume results are
+used.  Only the "## Publish" and "## Consume" sections of BENCHMARKS.md are
+rewritten (each from its own result file); other sections stay.
 """
 
 from __future__ import annotations
@@ -256,6 +257,191 @@ def publish_section(data: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+CONSUME_GO = "bench_reader"
+ASYNCIO_PEERS = ("ansq", "asyncnsq")
+
+
+def _consume_rates(runs: list[dict[str, Any]], client: str) -> dict[int, float]:
+    return _rates(runs, client, "consume")
+
+
+def _per_msg_us(runs: list[dict[str, Any]], client: str, key: str) -> str:
+    ok = [r for r in runs if r["client"] == client and r.get("ok") and r.get(key) is not None]
+    xs = [r[key] / r["n"] * 1e6 for r in ok if r.get("n")]
+    return f"{c.median(xs):.1f}" if xs else "-"
+
+
+def consume_section(data: dict[str, Any]) -> str:
+    runs: list[dict[str, Any]] = data["runs"]
+    clients = list(dict.fromkeys(r["client"] for r in runs))
+    labels: dict[str, str] = data.get("labels", {})
+    m = data["machine"]
+    pv = data.get("python_versions", {})
+    prm = data["params"]
+    n = prm["n"]
+    rates = {x: _consume_rates(runs, x) for x in clients}
+    rss = {
+        x: max(
+            (r["max_rss_kb"] for r in runs if r["client"] == x and r.get("max_rss_kb")), default=0
+        )
+        for x in clients
+    }
+    go = rates.get(CONSUME_GO, {})
+    failures = [r for r in runs if not r.get("ok")]
+
+    out: list[str] = [
+        f"Measured {data['started']}{' (quick smoke run)' if data.get('quick') else ''}: "
+        f"{m['nproc']} CPUs ({m['cpu_model']}), {m['memory']} RAM, {m['os']}, "
+        f"kernel {m['kernel']}; {data.get('nsqd_version', 'nsqd')}; Python "
+        + ", ".join(sorted(set(pv.values())))
+        + ".",
+        "",
+        "Command (from the repository root):",
+        "",
+        "```",
+        data["command"],
+        "```",
+        "",
+        f"{data['rounds']} interleaved round(s) of {n:,} pre-filled 100-byte messages, "
+        f"max_in_flight {prm['mif']}, every message FINed; rate = messages / (consumer "
+        "start to channel drained in nsqd's stats). Cells are the **median [min-max]** in "
+        "messages per second; CPU columns are medians over rounds of CPU microseconds per "
+        "message; peak RSS is the largest over all of that client's runs.",
+        "",
+        "| client | consume msg/s | vs `bench_reader` | client CPU µs/msg "
+        "| nsqd CPU µs/msg | peak RSS |",
+        "|---|---|---|---|---|---|",
+    ]
+    for x in clients:
+        label = labels.get(x, x)
+        name = f"**{label}**" if x.startswith("smartnsq") else label
+        vs = "1.00x" if x == CONSUME_GO else _fmt_ratio(_ratio(rates[x], go)) if go else "-"
+        out.append(
+            f"| {name} | {_cell(rates[x])} | {vs} | {_per_msg_us(runs, x, 'workload_cpu_s')} "
+            f"| {_per_msg_us(runs, x, 'nsqd_cpu_s')} | {c.fmt_mb(rss[x])} |"
+        )
+
+    def fastest(cands: list[str]) -> str | None:
+        have = [(c.median(list(rates[p].values())), p) for p in cands if rates.get(p)]
+        return max(have)[1] if have else None
+
+    peers = [x for x in clients if x != CONSUME_GO and not x.startswith("smartnsq")]
+    fp = fastest(peers)
+    fa = fastest([x for x in peers if x in ASYNCIO_PEERS])
+    s_async = rates.get("smartnsq", {})
+    s_sync = rates.get("smartnsq-sync", {})
+
+    def ratio_to(a: dict[int, float], b: str | None) -> float:
+        return _ratio(a, rates[b]) if a and b and b in rates else float("nan")
+
+    rows: list[tuple[str, float, float | None]] = [
+        (f"async handler vs fastest Python peer ({fp or 'none'})", ratio_to(s_async, fp), 1.0),
+        (f"async handler vs fastest asyncio peer ({fa or 'none'})", ratio_to(s_async, fa), 5.0),
+    ]
+    if fa != "asyncnsq" and "asyncnsq" in rates:
+        rows.append(("async handler vs asyncnsq 1.2.1", ratio_to(s_async, "asyncnsq"), None))
+    rows += [
+        ("async handler vs `bench_reader` (GOMAXPROCS=1)", ratio_to(s_async, CONSUME_GO), None),
+        (f"sync handler vs fastest Python peer ({fp or 'none'})", ratio_to(s_sync, fp), None),
+        ("sync handler vs async handler", _ratio(s_sync, s_async), None),
+    ]
+    digests = list(dict.fromkeys(r["smartnsq_source"] for r in runs if "smartnsq_source" in r))
+    src = f"smartnsq at git {data.get('git', '?')}, source digest {', '.join(digests) or '?'}."
+    if len(digests) > 1:
+        src += (
+            f" **Warning: the smartnsq sources changed during this invocation "
+            f"({len(digests)} versions); rerun for consistent figures.**"
+        )
+    out += [
+        "",
+        src,
+        "",
+        "Ratios (median over rounds of the per-round ratio) and targets:",
+        "",
+        "| comparison | ratio | target | verdict |",
+        "|---|---|---|---|",
+    ]
+    for title, x, target in rows:
+        if target is None:
+            out.append(f"| {title} | {_fmt_ratio(x)} | - | (reference) |")
+        else:
+            out.append(f"| {title} | {_fmt_ratio(x)} | >= {target:g}x | {_verdict(x, target)} |")
+    smart = [x for x in ("smartnsq", "smartnsq-sync") if rss.get(x)]
+    smart_rss = max((rss[x] for x in smart), default=0) * 1024 / 1e6
+    out.append(
+        f"| peak RSS of the smartnsq consumer process (both handler kinds) | {smart_rss:.1f} MB "
+        f"| <= {TARGET_RSS_MB:g} MB | "
+        + (
+            "**not measured**"
+            if not smart_rss
+            else "**met**"
+            if smart_rss <= TARGET_RSS_MB
+            else "**NOT met**"
+        )
+        + " |"
+    )
+    out += [
+        "",
+        "Median share of the 2 cores used by other jobs during a run: "
+        f"{c.median([r['other_cpu_frac'] for r in runs if 'other_cpu_frac' in r]):.2f}.",
+    ]
+    if failures:
+        out += ["", "Failed runs (not counted):", ""]
+        for r in failures:
+            err = str(r.get("error", "")).strip().splitlines()
+            out.append(f"- round {r['round']} {r['client']}: {err[-1] if err else '?'}")
+
+    out += [
+        "",
+        "Method:",
+        "",
+        '- Same nsqd, venvs and process measurement as "Publish" (one classic nsqd with '
+        "`--mem-queue-size=10000000`, started through `compat.cluster`; each client its own "
+        "subprocess under GNU `time -v`, peers in `bench/.venvs/`).",
+        f"- Before every run (untimed): a fresh topic, its channel `{'bench'}` created first, "
+        f"then {n:,} bodies of 100 bytes through HTTP `/mpub?binary=true` in requests of "
+        f"{prm['chunk']:,}; the runner waits for channel depth {n:,}.",
+        "- The driver notes `t_start` just before it creates its consumer (connect, IDENTIFY "
+        "and SUB are inside the timing) and consumes through the library's normal API: "
+        "smartnsq `Consumer(topic, channel, handler, max_in_flight=2500)` with an "
+        "`async def` handler (the main row) or a plain `def` handler, returning normally to "
+        "FIN; pynsq `Reader(message_handler=...)` returning True; gnsq `on_message` handler; "
+        "nsq-py `for message in Reader(...): message.fin()`; asyncnsq 1.x and ansq "
+        "`async for message in reader.messages(): await message.fin()` (ansq's Reader only "
+        "sends RDY 1, so the public per-connection `conn.rdy(2500)` is sent after "
+        "`create_reader`). When the handler has counted the last message the driver prints "
+        "it; the runner then polls nsqd `/stats` every 2 ms until the channel has depth 0 "
+        "and nothing in flight or deferred, and takes that moment as the end. "
+        "CLOCK_MONOTONIC is system-wide, so runner and driver clocks compare.",
+        "- Ceiling: `GOMAXPROCS=1 bench_reader -size 100 -rdy 2500` (one connection), "
+        "timed from its spawn, stats polled every 5 ms during the run. It never flushes "
+        'its last partial 4 KiB buffer of FINs, so for it "done" is depth 0 with at most '
+        f"{195} messages in flight; the runner then ends it with SIGTERM.",
+        "- Checked through nsqd's stats once drained, with the client still connected: "
+        f"channel and topic `message_count` = {n:,}, depth 0, `requeue_count` and "
+        "`timeout_count` 0, and the clients' summed `finish_count` = "
+        f"{n:,} (bench_reader: `finish_count` + its unflushed in-flight = {n:,}). A run "
+        "failing any check is listed above and not counted.",
+        "- Client CPU per message: the driver's process CPU from `t_start` to the last "
+        "handled message (bench_reader: the whole process); nsqd CPU: nsqd during the whole "
+        "client run, start-up and the drain included. Clients that write each FIN with its "
+        "own `send()` also cost nsqd one read per FIN.",
+        "- Resolution: nsqd flushes a client's output buffer when it fills or every "
+        "`output_buffer_timeout` (250 ms by default, which pynsq and gnsq also send "
+        "explicitly). Once the backlog runs out, the last partial buffer of messages waits "
+        "for that tick, so every Python client's end time falls on its connection's 250 ms "
+        "grid: runs of about 1.3 s come out as 1.26, 1.51, 1.76 or 2.01 s, and the fast "
+        "clients' rates move in steps of 15-20 %. bench_reader is exempt, as nsqd counts "
+        "the unflushed messages as in flight and it may end with up to 195 in flight. The "
+        "client CPU per message is not quantized and is the steadier comparison between "
+        "the fast clients.",
+        "- Round *r* runs the client list rotated by *r-1*. Peak RSS as for Publish (GNU "
+        "`time -v`, MB = 10^6 bytes). Raw per-run JSON in `bench/results/consume-*.json`; "
+        "`python -m bench.summarize FILE` regenerates this section from it.",
+    ]
+    return "\n".join(out) + "\n"
+
+
 def latest(prefix: str) -> Path | None:
     for p in sorted(c.RESULTS.glob(f"{prefix}-*.json"), reverse=True):
         try:
@@ -266,18 +452,23 @@ def latest(prefix: str) -> Path | None:
     return None
 
 
+SECTIONS = {"publish": ("Publish", publish_section), "consume": ("Consume", consume_section)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="?", type=Path)
     a = ap.parse_args(argv)
-    path = a.results or latest("publish")
-    if path is None:
-        print("no publish results in bench/results/", file=sys.stderr)
+    paths = [a.results] if a.results else [p for p in map(latest, SECTIONS) if p]
+    if not paths:
+        print("no results in bench/results/", file=sys.stderr)
         return 1
-    data = json.loads(path.read_text())
-    section = publish_section(data)
-    c.replace_md_section(c.BENCHMARKS_MD, "Publish", section)
-    print(section)
+    for path in paths:
+        data = json.loads(path.read_text())
+        heading, fn = SECTIONS[data.get("benchmark", "publish")]
+        section = fn(data)
+        c.replace_md_section(c.BENCHMARKS_MD, heading, section)
+        print(section)
     return 0
 
 

@@ -1,5 +1,11 @@
 """ansq 0.3.x driver (asyncio): awaited writer.pub / writer.mpub.  ``concurrent``
-is not supported (not required for peers)."""
+is not supported (not required for peers).
+
+``consume``: ``async for message in reader.messages(): await message.fin()``.
+ansq's Reader only ever sends RDY 1 per connection (``set_max_in_flight()``
+raises NotImplementedError), so the public per-connection ``await
+conn.rdy(mif)`` is sent after ``create_reader``; ``--variant rdy1`` leaves it
+out of the box."""
 
 from __future__ import annotations
 
@@ -44,11 +50,28 @@ async def run(a: argparse.Namespace) -> None:
     await writer.close()
 
 
+async def consume(a: argparse.Namespace) -> None:
+    d.exit_on_stdin()
+    t_start = d.start()
+    reader = await ansq.create_reader(topic=a.topic, channel=a.channel, nsqd_tcp_addresses=[a.addr])
+    if a.variant != "rdy1":
+        for conn in reader.connections:
+            await conn.rdy(a.mif)
+    d.emit_started(t_start)
+    n = 0
+    async for message in reader.messages():
+        await message.fin()
+        n += 1
+        if n == a.n:
+            d.emit_handled(n, t_start)
+    await asyncio.sleep(3600)
+
+
 def main() -> None:
     a = d.parse_args()
     if a.workload == "concurrent":
         d.unsupported(a.workload)
-    asyncio.run(run(a))
+    asyncio.run(consume(a) if a.workload == "consume" else run(a))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """asyncnsq 1.2.x driver (asyncio): awaited writer.pub / writer.mpub.
 (asyncnsq 2.x needs Python >= 3.12 and is not run.)  ``concurrent`` is not
-supported (not required for peers)."""
+supported (not required for peers).  ``consume``: the documented 1.x API,
+``async for message in reader.messages(): await message.fin()``."""
 
 from __future__ import annotations
 
@@ -49,11 +50,26 @@ async def run(a: argparse.Namespace) -> None:
     writer.close()
 
 
+async def consume(a: argparse.Namespace) -> None:
+    d.exit_on_stdin()
+    t_start = d.start()
+    reader = await asyncnsq.create_reader(nsqd_tcp_addresses=[a.addr], max_in_flight=a.mif)
+    await reader.subscribe(a.topic, a.channel)
+    d.emit_started(t_start)
+    n = 0
+    async for message in reader.messages():
+        await message.fin()
+        n += 1
+        if n == a.n:
+            d.emit_handled(n, t_start)
+    await asyncio.sleep(3600)
+
+
 def main() -> None:
     a = d.parse_args()
     if a.workload == "concurrent":
         d.unsupported(a.workload)
-    asyncio.run(run(a))
+    asyncio.run(consume(a) if a.workload == "consume" else run(a))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,21 @@
 """nsq-py 0.1.x driver (synchronous sockets): Client.pub / mpub block until
 nsqd's reply.  Topic names must be bytes on Python 3.  ``concurrent`` is not
-supported (not required for peers)."""
+supported (not required for peers).  ``consume``: ``for message in
+nsq.reader.Reader(...): message.fin()``; the reader loop keeps running after the
+last message so the buffered FINs get flushed."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _driver as d
 from nsq.client import Client
+from nsq.reader import Reader
 from nsq.response import Error
 
 logging.getLogger("nsq").setLevel(logging.WARNING)
@@ -21,10 +26,31 @@ def failed(resps: list[object]) -> str | None:
     return repr(bad) if bad else None
 
 
+def consume(a: Any) -> None:
+    d.exit_on_stdin()
+    t_start = d.start()
+    reader = Reader(
+        a.topic.encode(),
+        a.channel.encode(),
+        nsqd_tcp_addresses=[a.addr],
+        max_in_flight=a.mif,
+    )
+    d.emit_started(t_start)
+    for n, message in enumerate(reader, 1):
+        message.fin()
+        if n == a.n:
+            d.emit_handled(n, t_start)
+    while True:
+        time.sleep(3600)
+
+
 def main() -> None:
     a = d.parse_args()
     if a.workload == "concurrent":
         d.unsupported(a.workload)
+    if a.workload == "consume":
+        consume(a)
+        return
     topic = a.topic.encode()
     client = Client(nsqd_tcp_addresses=[a.addr])
     err = failed(client.pub(topic, d.MSG))  # warm-up

@@ -4,7 +4,8 @@ pynsq only has a callback API: ``Writer.pub(topic, msg, callback)``; the
 callback fires with nsqd's reply.  Sequential workloads issue the next
 command from the previous reply's callback.  ``concurrent`` keeps --tasks
 PUBs in flight on the writer's single connection, each reply callback
-issuing the next PUB (pynsq pipelines naturally).
+issuing the next PUB (pynsq pipelines naturally).  ``consume``:
+``nsq.Reader(message_handler=..., max_in_flight=...)``; returning True FINs.
 """
 
 from __future__ import annotations
@@ -22,8 +23,34 @@ import tornado.ioloop
 logging.basicConfig(level=logging.WARNING)
 
 
+def consume(a: Any) -> None:
+    d.exit_on_stdin()
+    n = 0
+
+    def handler(message: object) -> bool:
+        nonlocal n
+        n += 1
+        if n == a.n:
+            d.emit_handled(n, t_start)
+        return True  # -> pynsq sends FIN
+
+    t_start = d.start()
+    nsq.Reader(
+        topic=a.topic,
+        channel=a.channel,
+        message_handler=handler,
+        nsqd_tcp_addresses=[a.addr],
+        max_in_flight=a.mif,
+    )
+    d.emit_started(t_start)
+    tornado.ioloop.IOLoop.current().start()
+
+
 def main() -> None:
     a = d.parse_args()
+    if a.workload == "consume":
+        consume(a)
+        return
     loop = tornado.ioloop.IOLoop.current()
     writer = nsq.Writer([a.addr])
     step = a.batch if a.workload == "mpub" else 1

@@ -1,4 +1,6 @@
-"""smartnsq driver: Producer.publish / publish_many on asyncio."""
+"""smartnsq driver: Producer.publish / publish_many on asyncio; Consumer with a
+handler for ``consume`` (``--variant async``, the default: ``async def``
+handler; ``--variant sync``: plain ``def`` handler).  Returning normally FINs."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _driver as d
 
-from smartnsq import Producer
+from smartnsq import Consumer, Message, Producer
 
 
 async def run(a: argparse.Namespace) -> None:
@@ -58,8 +60,39 @@ async def concurrent(p: Producer, a: argparse.Namespace, deadline: float) -> int
     return done
 
 
+async def consume(a: argparse.Namespace) -> None:
+    d.exit_on_stdin()
+    count = 0
+    done = asyncio.Event()
+
+    async def async_handler(message: Message) -> None:
+        nonlocal count
+        count += 1
+        if count == a.n:
+            d.emit_handled(count, t_start)
+            done.set()
+
+    def sync_handler(message: Message) -> None:
+        nonlocal count
+        count += 1
+        if count == a.n:
+            d.emit_handled(count, t_start)
+            done.set()
+
+    handler = sync_handler if a.variant == "sync" else async_handler
+    t_start = d.start()
+    async with Consumer(
+        a.topic, a.channel, handler, nsqd_tcp_addresses=[a.addr], max_in_flight=a.mif
+    ):
+        d.emit_started(t_start)
+        await done.wait()
+        # keep the loop running so the last FINs are flushed; the runner ends us
+        await asyncio.sleep(3600)
+
+
 def main() -> None:
-    asyncio.run(run(d.parse_args()))
+    a = d.parse_args()
+    asyncio.run(consume(a) if a.workload == "consume" else run(a))
 
 
 if __name__ == "__main__":
