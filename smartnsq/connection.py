@@ -3,7 +3,7 @@
 :meth:`Connection.open` connects and handshakes (magic, IDENTIFY, TLS, Snappy or DEFLATE,
 AUTH) before returning. The owner then runs :meth:`Connection.run` in its task group: the
 single reader task, which answers heartbeats, matches responses to requests in order and hands
-message frames to ``on_message``.
+message frames to ``on_messages``.
 
 Writes are coalesced: :meth:`queue` appends to an outgoing buffer and :meth:`flush` sends all
 of it in one write, so many commands queued while a write is in progress go out together.
@@ -238,9 +238,10 @@ class Connection:
         self.config = config
         self.features = Features()
         self.auth: Mapping[str, Any] | None = None
-        # Called with (buffer, start, end) of each message frame's data: no copy is made
-        # until the callee slices what it needs.
-        self.on_message: Callable[[bytes, int, int], None] | None = None
+        # Called with a buffer and the (start, end) spans of the message frames that arrived
+        # together in it: no copy is made until the callee slices what it needs, and the
+        # callee can account for a whole batch at once.
+        self.on_messages: Callable[[bytes, list[tuple[int, int]]], None] | None = None
         self.on_async_error: Callable[[ServerError], None] | None = None
         self.on_close: Callable[[Connection], None] | None = None
         self.before_read: Callable[[], None] | None = None
@@ -440,12 +441,17 @@ class Connection:
         if self._decompress is not None:
             data = self._decompress(data)
         src, spans = self._decoder.feed_spans(data)
-        on_message = self.on_message
+        on_messages = self.on_messages
+        batch: list[tuple[int, int]] = []
         for ftype, start, end in spans:
             if ftype == FRAME_MESSAGE:
-                if on_message is not None:
-                    on_message(src, start, end)
-            elif ftype == FRAME_RESPONSE:
+                batch.append((start, end))
+                continue
+            if batch:  # keep message and other frames in stream order
+                if on_messages is not None:
+                    on_messages(src, batch)
+                batch = []
+            if ftype == FRAME_RESPONSE:
                 payload = src[start:end]
                 if payload == HEARTBEAT:
                     self._link.write(commands.NOP)
@@ -455,6 +461,8 @@ class Connection:
                     log.debug("nsqd %s: answer %r with no request", self.address, payload[:64])
             else:
                 self._on_error_frame(src[start:end])
+        if batch and on_messages is not None:
+            on_messages(src, batch)
 
     def _after_data(self) -> None:
         if self.after_read is not None:

@@ -28,6 +28,7 @@ from smartnsq.errors import (
     LookupFailed,
     NSQError,
     NSQTimeout,
+    ProtocolError,
     ServerError,
     SubExtendForbidden,
     SubExtendNeeded,
@@ -263,7 +264,8 @@ class Consumer:
         self._loops: dict[Target, anyio.CancelScope] = {}
         self._queue: deque[Message] = deque()
         self._idle: deque[anyio.Event] = deque()
-        self._active: set[Message] = set()
+        # What each worker is handling right now (None when idle): for stop() and auto-touch.
+        self._slots: list[Message | None] = []
         self._received = self._finished = self._requeued = self._discarded = 0
         self._backoff_level = 0
         self._backoff_blocked = False
@@ -363,14 +365,14 @@ class Consumer:
             else:
                 self._requeue(pulled, 0, False)
         with anyio.move_on_after(timeout):
-            while self._active:
+            while self._running():
                 await anyio.sleep(0.01)
         if self._workers is not None:
             self._workers.cancel()
-        for msg in list(self._active):
+        for msg in self._running():
             if not msg._responded:
                 self._requeue(msg, 0, False)
-        self._active.clear()
+        self._slots = [None] * len(self._slots)
         for event in self._idle:
             event.set()
         with anyio.CancelScope(shield=True):
@@ -435,21 +437,57 @@ class Consumer:
 
     # -- message flow ----------------------------------------------------------------------------
 
-    def _on_message(self, reader: _Reader, src: bytes, start: int, end: int) -> None:
-        if reader.layout is _CLASSIC and end - start >= 26:  # fast path: no optional blocks
-            timestamp, attempts = _unpack_head(src, start)
-            msg = Message(timestamp, attempts, src[start + 10 : start + 26], src[start + 26 : end])
-        else:
-            msg = decode_message(src[start:end], reader.layout, Message)
+    def _on_messages(self, reader: _Reader, src: bytes, spans: list[tuple[int, int]]) -> None:
+        """Every message frame of one read. Counters and RDY are settled once per batch."""
+        n = len(spans)
+        reader.in_flight += n
+        reader.rdy_left -= n
+        self._received += n
+        reader.last_message = reader.batch_time
+        if reader.rdy and reader.rdy_left <= reader.rdy >> 2 and not self._backoff_level:
+            reader.set_rdy(reader.rdy)  # top up before it runs dry
+        if reader.layout is _CLASSIC and not (
+            self._stopping or self.auto_touch or self.trace.active
+        ):
+            # Hot path: classic frames straight to the handler (sync) or the workers' queue.
+            handler = self._handler
+            inline = handler is not None and not self._async_handler
+            append = self._queue.append
+            finish = self._finish
+            max_attempts = self.max_attempts
+            for start, end in spans:
+                if end - start < 26:
+                    raise ProtocolError(f"message frame too short ({end - start} bytes)")
+                timestamp, attempts = _unpack_head(src, start)
+                mid = src[start + 10 : start + 26]
+                msg = Message(timestamp, attempts, mid, src[start + 26 : end])
+                msg._reader = reader
+                msg._responded = False
+                msg._auto = True
+                if max_attempts and attempts > max_attempts:
+                    self._give_up(msg)
+                elif not inline:
+                    append(msg)
+                else:
+                    try:
+                        handler(msg)  # type: ignore[misc]
+                    except Exception as exc:
+                        self._handler_failed(msg, exc)
+                    else:
+                        if msg._auto and not msg._responded:
+                            finish(msg)
+            if self._idle and self._queue:
+                self._idle.popleft().set()
+            return
+        for start, end in spans:
+            self._on_message(reader, decode_message(src[start:end], reader.layout, Message))
+
+    def _on_message(self, reader: _Reader, msg: Message) -> None:
         msg._reader = reader
         msg._responded = False
         msg._auto = True
-        msg._received = msg._touched = reader.last_message = reader.batch_time
-        reader.in_flight += 1
-        reader.rdy_left -= 1
-        self._received += 1
-        if reader.rdy_left <= reader.rdy >> 2 and reader.rdy and not self._backoff_level:
-            reader.set_rdy(reader.rdy)  # top up before it runs dry
+        if self.auto_touch:
+            msg._received = msg._touched = reader.batch_time
         if reader.ordered:
             self._check_order(reader, msg)
         if self.trace.active and self.trace.enabled(self.topic):
@@ -535,37 +573,44 @@ class Consumer:
             nsqd=reader.address,
         )
 
+    def _running(self) -> list[Message]:
+        return [m for m in self._slots if m is not None]
+
     async def _run_workers(self) -> None:
+        self._slots = [None] * self._concurrency
         with anyio.CancelScope() as scope:
             self._workers = scope
             async with anyio.create_task_group() as tg:
-                for _ in range(self._concurrency):
-                    tg.start_soon(self._worker)
+                for slot in range(self._concurrency):
+                    tg.start_soon(self._worker, slot)
 
-    async def _worker(self) -> None:
+    async def _worker(self, slot: int) -> None:
+        # The async-handler hot path: no task, future or set operation per message.
         queue = self._queue
-        active = self._active
+        popleft = queue.popleft
+        idle = self._idle
+        slots = self._slots
         handler = self._handler
+        finish = self._finish
         assert handler is not None
         while not self._stopping:
             if not queue:
                 event = anyio.Event()
-                self._idle.append(event)
+                idle.append(event)
                 await event.wait()
                 continue
-            msg = queue.popleft()
-            if queue and self._idle:  # more work: wake a sibling
-                self._idle.popleft().set()
-            active.add(msg)
+            msg = popleft()
+            if queue and idle:  # more work: wake a sibling
+                idle.popleft().set()
+            slots[slot] = msg
             try:
                 await handler(msg)  # type: ignore[misc]
             except Exception as exc:
                 self._handler_failed(msg, exc)
             else:
                 if msg._auto and not msg._responded:
-                    self._finish(msg)
-            finally:
-                active.discard(msg)
+                    finish(msg)
+            slots[slot] = None
 
     def _handler_failed(self, msg: Message, exc: Exception) -> None:
         log.warning(
@@ -722,7 +767,7 @@ class Consumer:
         while True:
             await anyio.sleep(1.0)
             now = time.monotonic()
-            for msg in list(self._active):
+            for msg in self._running():
                 reader = msg._reader
                 features = reader.conn.features
                 if msg._responded or now - msg._received >= features.max_msg_timeout:
@@ -793,7 +838,7 @@ class Consumer:
             config = dataclasses.replace(config, extend_support=True)
         conn = await Connection.open(address, config)
         reader = _Reader(self, address, conn, partition, ordered=ordered, ext=ext)
-        conn.on_message = partial(self._on_message, reader)
+        conn.on_messages = partial(self._on_messages, reader)
         conn.before_read = reader.before_read
         conn.on_async_error = lambda err: log.warning("nsqd %s: %s", address, err)
         sub = commands.sub_ordered if ordered else commands.sub

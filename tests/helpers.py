@@ -82,18 +82,19 @@ async def drain(
     done = anyio.Event()
     lay = layout or MessageLayout(binary_id=conn.features.youzan)
 
-    def on_message(src: bytes, start: int, end: int) -> None:
-        msg = decode_message(src[start:end], lay, RawMessage)
-        got.append(msg)
-        ids.add(msg.id)
-        conn.queue(commands.fin(msg.id))
-        if until is not None:
-            if until(got):
+    def on_messages(src: bytes, spans: list[tuple[int, int]]) -> None:
+        for start, end in spans:
+            msg = decode_message(src[start:end], lay, RawMessage)
+            got.append(msg)
+            ids.add(msg.id)
+            conn.queue(commands.fin(msg.id))
+            if until is not None:
+                if until(got):
+                    done.set()
+            elif (len(ids) if distinct else len(got)) >= count:
                 done.set()
-        elif (len(ids) if distinct else len(got)) >= count:
-            done.set()
 
-    conn.on_message = on_message
+    conn.on_messages = on_messages
     async with anyio.create_task_group() as tg:
         tg.start_soon(conn.run)
         await conn.request(sub or commands.sub(topic, channel))
