@@ -30,6 +30,7 @@ from smartnsq.errors import (
 )
 from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
+from smartnsq.lookup.model import TopicLayout
 from smartnsq.ordered.sharding import Sharder, ShardingKey, key_bytes, sharder_for
 from smartnsq.protocol import commands
 from smartnsq.protocol.message import PublishResult, decode_publish_response
@@ -453,9 +454,31 @@ class Producer:
         if self._tg is None or self._closed:
             raise NSQError("use the Producer inside 'async with Producer(...)' (or it is closed)")
         limit = self.timeout if timeout is None else timeout
+        # Fast path: the route is cached and its connection is up; no timer, no retry state.
+        layout = self._lookup.cached(topic, "w") if self._lookup and topic else None
+        route: tuple[str, int | None] | None = None
+        if layout is not None and topic is not None and not deferred:
+            conn = None
+            try:
+                route = address, part = self._pick(topic, partition, key, layout)
+                node = self._by_address.get(address)
+                conns = node.connections if node is not None else ()
+                conn = min(conns, key=_pending) if conns else None
+                if (
+                    conn is not None
+                    and conn.usable
+                    and (conn.pending == 0 or len(conns) >= self._per_node)
+                ):
+                    answer = await conn.request(build(part), publish=True, timeout=limit)
+                    return answer, address, part
+            except NSQTimeout:
+                raise self._timeout_error(limit) from None
+            except (ConnectionClosed, ServerError, NoNsqdAvailable) as exc:
+                self._check_retryable(exc, conn)
+                route = None  # it failed: route afresh
         try:
             with anyio.fail_after(limit):
-                return await self._send_with_retries(topic, build, partition, key, deferred)
+                return await self._send_with_retries(topic, build, partition, key, deferred, route)
         except TimeoutError:
             raise self._timeout_error(limit) from None
 
@@ -466,6 +489,7 @@ class Producer:
         partition: int | None,
         key: ShardingKey | None,
         deferred: bool,
+        route: tuple[str, int | None] | None = None,
     ) -> tuple[bytes, str, int | None]:
         attempt = 0
         refresh = False
@@ -473,7 +497,10 @@ class Producer:
             conn: Connection | None = None
             try:
                 if self._lookup is not None and topic is not None:
-                    address, part = await self._route(topic, partition, key, refresh)
+                    if route is not None:  # already picked (and counted) by the fast path
+                        (address, part), route = route, None
+                    else:
+                        address, part = await self._route(topic, partition, key, refresh)
                     conn = await self._node_connection(self._node(address))
                 else:
                     conn = await self._acquire()
@@ -502,6 +529,11 @@ class Producer:
         layout = None if refresh else self._lookup.cached(topic, "w")
         if layout is None:
             layout = await self._lookup.refresh(topic, "w")
+        return self._pick(topic, partition, key, layout)
+
+    def _pick(
+        self, topic: str, partition: int | None, key: ShardingKey | None, layout: TopicLayout
+    ) -> tuple[str, int | None]:
         if not layout.partitioned:
             nodes = layout.producers
             if not nodes:
@@ -599,6 +631,10 @@ def _mpub(topic: str, batch: list[bytes], sizes: list[int]) -> bytes:
     return b"".join(
         (b"MPUB %s\n" % topic.encode(), _pack_u32(len(body) + 4), _pack_u32(len(batch)), body)
     )
+
+
+def _pending(conn: Connection) -> int:
+    return conn.pending
 
 
 def _new_trace_id() -> int:
