@@ -1,18 +1,24 @@
-"""Run the benchmarks: ``python -m bench [publish|consume|summarize] [options]``.
+"""Run the benchmarks: ``python -m bench [publish|consume|youzan|summarize] [options]``.
 
-Without a sub-command both benchmarks run, publish first, each with the given
-options (only the options both accept: ``--rounds``, ``--quick``, ``--python``,
-``--md/--no-md``); ``python -m bench publish ...`` or ``python -m bench consume
-...`` runs one with all of its own options.
+Without a sub-command the classic publish and consume benchmarks run, publish first, each
+with the given options (only the options both accept: ``--rounds``, ``--quick``,
+``--python``, ``--md/--no-md``), then the Youzan one with ``--rounds``/``--quick``/``--md``;
+``python -m bench publish ...`` (or ``consume``, ``youzan``) runs one with all of its own
+options.
 """
 
 from __future__ import annotations
 
 import sys
 
-from bench import consume, publish, summarize
+from bench import consume, publish, summarize, youzan
 
-COMMANDS = {"publish": publish.main, "consume": consume.main, "summarize": summarize.main}
+COMMANDS = {
+    "publish": publish.main,
+    "consume": consume.main,
+    "youzan": youzan.main,
+    "summarize": summarize.main,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     if args and args[0] in ("-h", "--help"):
         print(__doc__)
         return 0
-    return publish.main(args) or consume.main(args)
+    shared = [a for a in args if a.split("=")[0] in ("--rounds", "--quick", "--md", "--no-md")]
+    if "--rounds" in args:
+        shared.append(args[args.index("--rounds") + 1])
+    return publish.main(args) or consume.main(args) or youzan.main(shared)
 
 
 if __name__ == "__main__":

@@ -50,8 +50,8 @@ from bench import common as c
 if str(c.ROOT) not in sys.path:
     sys.path.insert(0, str(c.ROOT))
 
-from compat.cluster import Cluster, ClusterError, http_json, http_request
-from compat.youzan import create_topic, find_leader, lookup
+from compat.cluster import Cluster, ClusterError, http_json
+from compat.youzan import create_topic
 
 DRIVER = c.DRIVERS / "drv_youzan.py"
 SECTION = "Youzan HA cluster"
@@ -111,57 +111,15 @@ def _poll(what: str, check: Callable[[], T | None], timeout: float = 60.0) -> T:
         time.sleep(0.1)
 
 
-def create_multipart_topic(cluster: Cluster, topic: str, timeout: float = 60.0) -> None:
-    """An unordered topic with more partitions than nsqd nodes: like
-    ``compat.youzan.create_topic`` but with ``multipart=true`` (which it has no
-    option for).  Creates the channel on every partition, waits until writable."""
-    leader = find_leader(cluster, timeout=timeout)
-    q = urllib.parse.urlencode(
-        {"topic": topic, "partition_num": str(PARTITIONS), "replicator": "1", "multipart": "true"}
-    )
-    url = f"http://{leader}/topic/create?{q}"
-
-    def create() -> bool:
-        status, body = http_request(url, method="POST", timeout=10.0)
-        if status != 200:
-            raise ClusterError(f"POST {url} -> HTTP {status}: {body[:300]!r}")
-        return True
-
-    def parts(access: str) -> dict[str, Any] | None:
-        info = lookup(leader, topic, access)
-        got = info.get("partitions") or {}
-        if all(str(p) in got for p in range(PARTITIONS)):
-            return info
-        if access == "w":  # re-trigger the lookupd's topic check (see compat.youzan)
-            http_request(url, method="POST", timeout=10.0)
-            time.sleep(1.0)
-        return None
-
-    _poll(f"topic {topic} creation", create, timeout)
-    info = _poll(f"{topic} readable", lambda: parts("r"), timeout)
-    for p in range(PARTITIONS):
-        node = info["partitions"][str(p)]
-        cq = urllib.parse.urlencode({"topic": topic, "partition": str(p), "channel": CHANNEL})
-        ch_url = f"http://{node['broadcast_address']}:{node['http_port']}/channel/create?{cq}"
-
-        def channel(ch_url: str = ch_url) -> bool:
-            status, body = http_request(ch_url, method="POST", timeout=10.0)
-            if status != 200:
-                http_request(url, method="POST", timeout=10.0)
-                raise ClusterError(f"POST {ch_url} -> HTTP {status}: {body[:300]!r}")
-            return True
-
-        _poll(f"channel {CHANNEL} on {topic}:{p}", channel, timeout)
-    _poll(f"{topic} writable", lambda: parts("w"), timeout)
-
-
 def make_topic(cluster: Cluster, topic: str, kind: str) -> None:
     if kind == "ordered":
         create_topic(
             cluster, topic, partitions=PARTITIONS, replicas=1, ordered=True, channel=CHANNEL
         )
     else:
-        create_multipart_topic(cluster, topic)
+        create_topic(
+            cluster, topic, partitions=PARTITIONS, replicas=1, multipart=True, channel=CHANNEL
+        )
 
 
 @dataclass
@@ -192,6 +150,18 @@ def topic_stats(cluster: Cluster, topic: str) -> TopicStats:
                     req += int(ch.get("requeue_count", 0))
                     tmo += int(ch.get("timeout_count", 0))
     return TopicStats(parts, msgs, depth, infl, req, tmo)
+
+
+def daemons_cpu(cluster: Cluster) -> float:
+    """CPU seconds used so far by the cluster's daemons (nsqd, nsqlookupd, etcd)."""
+    total = 0.0
+    for d in [*cluster.nsqd, *cluster.lookupd, *([cluster.etcd] if cluster.etcd else [])]:
+        try:
+            st = Path(f"/proc/{d.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
 
 
 # ---------------------------------------------------------------- runs
@@ -242,7 +212,15 @@ def run_case(
     cmd = driver_cmd(workload, lookupd, topic, args)
     rec["cmd"] = show_cmd(cmd)
     rec["smartnsq_source"] = c.source_digest()
+    s0, d0 = c.cpu_snapshot(None), daemons_cpu(cluster)
     pr = c.run_measured(cmd, env=driver_env(), timeout=float(prm["seconds"]) * 2 + 120)
+    s1, d1 = c.cpu_snapshot(None), daemons_cpu(cluster)
+    wall = s1.t - s0.t
+    other = (s1.busy - s0.busy) - (d1 - d0) - (s1.runner - s0.runner) - pr.cpu_s
+    rec.update(
+        servers_cpu_s=round(d1 - d0, 3),
+        other_cpu_frac=round(max(0.0, other) / (wall * (os.cpu_count() or 1)), 3),
+    )
     rec.update(
         max_rss_kb=pr.max_rss_kb,
         cpu_s=round(pr.cpu_s, 3),
@@ -420,12 +398,20 @@ def section(data: dict[str, Any], classic: dict[str, str]) -> str:
     ]
     if any(extra["ordered"]):
         lines[-1] += (
-            " On the ordered topic the first message of each partition is delivered twice "
-            "right after SUB_ORDERED (same id and offset, attempts 1) and nsqd answers the "
-            'second FIN with `E_FIN_FAILED` ("Message ID not in flight"); the consumer '
-            "goes on normally."
+            " When this benchmark was written, the ordered ones were the first message of "
+            "each partition, delivered twice right after SUB_ORDERED (same id and offset, "
+            'attempts 1); nsqd answers the second FIN with `E_FIN_FAILED` ("Message ID not '
+            'in flight") and the consumer goes on normally.'
         )
     digests = sorted({r["smartnsq_source"] for r in data["runs"] if r.get("smartnsq_source")})
+    others = [float(r["other_cpu_frac"]) for r in data["runs"] if "other_cpu_frac" in r]
+    if others:
+        lines += [
+            "",
+            f"Median share of the {m['nproc']} cores used by other jobs during a run "
+            f"(`/proc/stat` minus client, cluster daemons and runner): {c.median(others):.2f} "
+            f"(max {max(others):.2f}).",
+        ]
     lines += ["", f"smartnsq at git {data['git']}, source digest {', '.join(digests)}."]
     if len(digests) > 1:
         lines[-1] += (
@@ -555,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
                 c.log(
                     f"r{rnd} {wl:10s} {kind:9s} {c.fmt_rate(rate) if rate else '-':>8s} msg/s  "
                     f"rss {c.fmt_mb(rec.get('max_rss_kb', 0)):>8s}  "
+                    f"other load {rec.get('other_cpu_frac', -1):.2f}  "
                     + ("ok" if rec.get("ok") else f"FAILED: {rec.get('error')}")
                 )
                 time.sleep(0.3)

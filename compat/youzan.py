@@ -67,6 +67,7 @@ def create_topic(
     ext: bool = False,
     channel: str | None = "ch",
     timeout: float = 60.0,
+    multipart: bool = False,
 ) -> dict[str, Any]:
     """Create ``topic`` on the leader lookupd, create ``channel`` on every partition leader,
     and wait until every partition is writable. Returns the final ``access=w`` lookup payload.
@@ -80,6 +81,8 @@ def create_topic(
         params["orderedmulti"] = "true"
     if ext:
         params["extend"] = "true"
+    if multipart:  # an unordered topic with more partitions than nsqd nodes needs it
+        params["multipart"] = "true"
     url = f"http://{leader}/topic/create?{urllib.parse.urlencode(params)}"
 
     def create() -> bool:
