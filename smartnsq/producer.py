@@ -624,10 +624,15 @@ class Producer:
 
 
 def _mpub(topic: str, batch: list[bytes], sizes: list[int]) -> bytes:
-    parts: list[bytes] = [b""] * (2 * len(batch))
-    parts[0::2] = map(_pack_u32, sizes)
-    parts[1::2] = batch
-    body = b"".join(parts)
+    first = sizes[0]
+    if min(sizes) == first == max(sizes):  # same-size bodies (common in bulk): one join
+        sep = _pack_u32(first)
+        body = sep + sep.join(batch)
+    else:
+        parts: list[bytes] = [b""] * (2 * len(batch))
+        parts[0::2] = map(_pack_u32, sizes)
+        parts[1::2] = batch
+        body = b"".join(parts)
     return b"".join(
         (b"MPUB %s\n" % topic.encode(), _pack_u32(len(body) + 4), _pack_u32(len(batch)), body)
     )
