@@ -247,3 +247,26 @@ async def test_lookupd_leader_killed_discovery_continues(cluster_factory, anyio_
     async with Consumer(topic, "ch", handle, lookupd_http_addresses=seeds, max_in_flight=50):
         with anyio.fail_after(60):
             await done.wait()
+
+
+async def test_ext_topic_headers_reach_the_consumer(youzan_cluster, anyio_backend):
+    """Through lookupd the consumer IDENTIFYs with extend_support from the topic's meta; in
+    direct mode (no meta) it learns it from E_SUB_EXTEND_NEED and switches by itself."""
+    topic = unique("ext")
+    info = create_topic(youzan_cluster, topic, partitions=1, replicas=1, ext=True, channel="ch")
+    node = info["partitions"]["0"]
+    address = f"{node['broadcast_address']}:{node['tcp_port']}"
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        await producer.publish(topic, b"one", headers={"region": "eu", "n": 1})
+        got: list[Message] = []
+        async with Consumer(
+            topic, "ch", got.append, lookupd_http_addresses=lookupds(youzan_cluster)
+        ):
+            await wait_until(lambda: len(got) == 1, 20, "the first message through lookupd")
+        await producer.publish(topic, b"two", headers={"region": "us", "n": 2})
+    more: list[Message] = []
+    async with Consumer(topic, "ch", more.append, nsqd_tcp_addresses=[address]) as consumer:
+        await wait_until(lambda: len(more) == 1, 20, "the second message in direct mode")
+        assert consumer.last_error is None
+    assert (got[0].body, got[0].headers) == (b"one", {"region": "eu", "n": 1})
+    assert (more[0].body, more[0].headers) == (b"two", {"region": "us", "n": 2})
