@@ -100,6 +100,7 @@ class Producer:
         nsqd_tcp_addresses: Sequence[str] = (),
         *,
         lookupd_http_addresses: Sequence[str] = (),
+        lookupd_poll_interval: float = 60.0,
         sharding: Literal["go", "java"] | Sharder = "go",
         connections_per_nsqd: int = 1,
         timeout: float = 10.0,
@@ -149,7 +150,11 @@ class Producer:
         )
         self._by_address: dict[str, _Node] = {}
         self._direct = [self._node(a) for a in dict.fromkeys(nsqd_tcp_addresses)]
-        self._lookup = LookupManager(lookupds) if lookupds else None
+        if not lookupd_poll_interval > 0:
+            raise InvalidArgument("lookupd_poll_interval must be > 0 seconds")
+        self._lookup = (
+            LookupManager(lookupds, cache_ttl=lookupd_poll_interval) if lookupds else None
+        )
         self._sharder = sharder_for(sharding)
         self._rr: dict[str, int] = {}
         self.trace = TraceSwitch()

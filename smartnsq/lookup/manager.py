@@ -57,6 +57,8 @@ class LookupManager:
         listlookup_interval: float = 60.0,
         min_refresh_interval: float = 1.0,
         max_backoff: float = 30.0,
+        cache_ttl: float = 60.0,
+        cache_jitter: float = 0.3,
     ) -> None:
         self.seeds = check_lookupd_addresses(seeds)
         if not self.seeds:
@@ -65,11 +67,14 @@ class LookupManager:
         self.listlookup_interval = listlookup_interval
         self.min_refresh_interval = min_refresh_interval
         self.max_backoff = max_backoff
+        self.cache_ttl = cache_ttl
+        self.cache_jitter = cache_jitter
         self._known: list[str] = list(self.seeds)
         self._leader: str | None = None
         self._listed_at = -float("inf")
         self._health: dict[str, _Health] = {}
-        self._cache: dict[tuple[str, str], tuple[float, TopicLayout]] = {}
+        # (topic, access) -> (fetched at, expires at, layout)
+        self._cache: dict[tuple[str, str], tuple[float, float, TopicLayout]] = {}
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._client: httpx.AsyncClient | None = None
 
@@ -210,7 +215,13 @@ class LookupManager:
                 raise LookupFailed(f"no lookupd answered for topic {topic!r}: {'; '.join(errors)}")
         else:
             layout = self._merge(answers)
-        self._cache[(topic, access)] = (time.monotonic(), layout)
+        now = time.monotonic()
+        j = self.cache_jitter
+        self._cache[(topic, access)] = (
+            now,
+            now + self.cache_ttl * random.uniform(1 - j, 1 + j),
+            layout,
+        )
         return layout
 
     def _merge(self, answers: list[tuple[str, TopicLayout]]) -> TopicLayout:
@@ -229,15 +240,19 @@ class LookupManager:
         return TopicLayout(tuple(producers), partitions, meta)
 
     def cached(self, topic: str, access: str = "r") -> TopicLayout | None:
+        """The last answer, unless it is older than ``cache_ttl`` (with jitter): then None,
+        so the caller looks up again and a changed layout is picked up by polling."""
         entry = self._cache.get((topic, access))
-        return entry[1] if entry else None
+        if entry is None or time.monotonic() >= entry[1]:
+            return None
+        return entry[2]
 
     async def refresh(self, topic: str, access: str = "r") -> TopicLayout:
         """Re-query on demand, rate-limited and shared between concurrent callers."""
         key = (topic, access)
         entry = self._cache.get(key)
         if entry is not None and time.monotonic() - entry[0] < self.min_refresh_interval:
-            return entry[1]
+            return entry[2]
         pending = self._pending.get(key)
         if pending is not None:
             await pending.done.wait()

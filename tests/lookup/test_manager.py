@@ -129,3 +129,17 @@ async def test_sends_accept_header_and_metainfo(anyio_backend):
     request = route.calls.last.request
     assert request.headers["accept"] == "application/vnd.nsq; version=1.0"
     assert request.url.params["access"] == "w" and request.url.params["metainfo"] == "true"
+
+
+@respx.mock
+async def test_cached_answer_expires_so_producers_poll(anyio_backend):
+    respx.get(f"{A}/listlookup").mock(return_value=httpx.Response(404))
+    respx.get(f"{A}/lookup").mock(
+        return_value=httpx.Response(200, json={"producers": [node("10.0.0.1")]})
+    )
+    async with LookupManager([A], cache_ttl=60) as lm:
+        await lm.lookup("t", "w")
+        assert lm.cached("t", "w") is not None
+    async with LookupManager([A], cache_ttl=1e-9, cache_jitter=0) as lm:
+        await lm.lookup("t", "w")
+        assert lm.cached("t", "w") is None  # expired: the next publish looks up again
