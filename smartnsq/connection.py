@@ -245,7 +245,6 @@ class Connection:
         self.on_async_error: Callable[[ServerError], None] | None = None
         self.on_close: Callable[[Connection], None] | None = None
         self.before_read: Callable[[], None] | None = None
-        self.after_read: Callable[[], None] | None = None
         self.closed = False
         self.close_reason: BaseException | None = None
         self._link = link
@@ -395,7 +394,7 @@ class Connection:
                 try:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._watchdog)
-                        await self._link.run(self._on_data, self._after_data)
+                        await self._link.run(self._on_data)
                         tg.cancel_scope.cancel()
                 except anyio.EndOfStream:
                     pass
@@ -463,10 +462,6 @@ class Connection:
                 self._on_error_frame(src[start:end])
         if batch and on_messages is not None:
             on_messages(src, batch)
-
-    def _after_data(self) -> None:
-        if self.after_read is not None:
-            self.after_read()
 
     def _on_error_frame(self, payload: bytes) -> None:
         if payload.startswith(_ASYNC_ERRORS) or not self._waiters:

@@ -54,7 +54,7 @@ class Link(Protocol):
     def write_now(self, data: bytes) -> None: ...
     async def drain(self) -> None: ...
     async def start_tls(self, context: ssl.SSLContext, hostname: str) -> None: ...
-    async def run(self, on_data: OnData, after_data: Callable[[], None]) -> None: ...
+    async def run(self, on_data: OnData) -> None: ...
     async def flush_out(self) -> None: ...
     def abort(self) -> None: ...
     async def aclose(self) -> None: ...
@@ -84,7 +84,6 @@ class AsyncioLink(asyncio.Protocol):
         self._chunks: deque[bytes] = deque()
         self._readable: asyncio.Future[None] | None = None
         self._on_data: OnData | None = None
-        self._after_data: Callable[[], None] | None = None
         self._closed: asyncio.Future[BaseException | None] = loop.create_future()
         self._paused = False
         self._drained: asyncio.Future[None] | None = None
@@ -118,7 +117,6 @@ class AsyncioLink(asyncio.Protocol):
             return
         try:
             on_data(data)
-            self._after_data()  # type: ignore[misc]
         except Exception as exc:  # a protocol or fatal server error: the connection is over
             self._finish(exc)
             if self._transport is not None:
@@ -193,13 +191,11 @@ class AsyncioLink(asyncio.Protocol):
         assert isinstance(new, asyncio.Transport)
         self._transport = new
 
-    async def run(self, on_data: OnData, after_data: Callable[[], None]) -> None:
+    async def run(self, on_data: OnData) -> None:
         self._on_data = on_data
-        self._after_data = after_data
         try:
             while self._chunks:
                 on_data(self._chunks.popleft())
-            after_data()
         except Exception:
             self.abort()
             raise
@@ -282,7 +278,7 @@ class StreamLink:
             self._dirty = anyio.Event()
             await self.drain()
 
-    async def run(self, on_data: OnData, after_data: Callable[[], None]) -> None:
+    async def run(self, on_data: OnData) -> None:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._writer)
@@ -290,7 +286,6 @@ class StreamLink:
                     data = await self._stream.receive(_READ_SIZE)
                     self.last_read = anyio.current_time()
                     on_data(data)
-                    after_data()
         finally:
             self._closing = True
 
