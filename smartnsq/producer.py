@@ -237,7 +237,7 @@ class Producer:
             and trace_id is None
             and headers is None
             and self._lookup is None
-            and not self.trace.enabled(topic)
+            and not (self.trace.active and self.trace.enabled(topic))
         )
         if plain:
             line = self._pub_lines.get(topic)

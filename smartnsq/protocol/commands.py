@@ -48,7 +48,10 @@ def _check_id(message_id: bytes) -> bytes:
 
 
 def _json_header(headers: Mapping[str, Any]) -> bytes:
-    raw = json.dumps(dict(headers), separators=(",", ":")).encode()
+    try:
+        raw = json.dumps(dict(headers), separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"ext headers must be JSON-serialisable: {exc}") from None
     if len(raw) >= 0xFFFF:
         raise InvalidArgument(f"ext headers encode to {len(raw)} bytes; the limit is 65534")
     return raw

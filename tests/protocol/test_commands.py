@@ -130,3 +130,8 @@ def test_mpub_ext_allows_messages_without_header():
 def test_ext_header_too_large():
     with pytest.raises(InvalidArgument, match="65534"):
         c.pub_ext("t", b"x", {"k": "v" * 70000})
+
+
+def test_ext_header_must_be_json():
+    with pytest.raises(InvalidArgument, match="JSON-serialisable"):
+        c.pub_ext("t", b"x", {"k": object()})
