@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,8 +50,8 @@ from bench import common as c
 if str(c.ROOT) not in sys.path:
     sys.path.insert(0, str(c.ROOT))
 
-from compat.cluster import Cluster, ClusterError, http_json
-from compat.youzan import create_topic
+from compat.cluster import Cluster, http_json
+from compat.youzan import create_topic, poll
 
 DRIVER = c.DRIVERS / "drv_youzan.py"
 SECTION = "Youzan HA cluster"
@@ -93,22 +93,6 @@ def youzan_cluster(workdir: Path) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.stop()
-
-
-def _poll(what: str, check: Callable[[], T | None], timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            result = check()
-            if result:
-                return result
-            last = "not yet"
-        except (OSError, ValueError, ClusterError) as e:
-            last = e
-        if time.monotonic() >= deadline:
-            raise ClusterError(f"timed out after {timeout}s waiting for {what} (last: {last})")
-        time.sleep(0.1)
 
 
 def make_topic(cluster: Cluster, topic: str, kind: str) -> None:
@@ -202,7 +186,7 @@ def run_case(
             s = topic_stats(cluster, topic)
             return s if s.depth >= prm["n"] else None
 
-        st = _poll(f"{topic} filled", filled, 30)
+        st = poll(f"{topic} filled", filled, 30)
         rec["fill_s"] = round(time.monotonic() - t0, 2)
         rec["fill_depth"] = st.depth
         args = {"keys": keys, "n": prm["n"], "seconds": prm["seconds"], "mif": MIF[kind]}

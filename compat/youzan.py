@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 import urllib.parse
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from compat.cluster import Cluster, ClusterError, http_json, http_request
+
+T = TypeVar("T")
 
 
 def _lookupd_list(target: Cluster | str | list[str]) -> list[str]:
@@ -42,7 +45,8 @@ def lookup(lookupd_http: str, topic: str, access: str = "r") -> dict[str, Any]:
     return http_json(f"http://{lookupd_http}/lookup?{q}", timeout=5.0) or {}
 
 
-def _poll(what: str, check: Any, timeout: float) -> Any:
+def poll(what: str, check: Callable[[], T | None], timeout: float = 60.0) -> T:
+    """Call ``check`` until it returns something truthy; ClusterError after ``timeout``."""
     deadline = time.monotonic() + timeout
     last: object = None
     while True:
@@ -92,14 +96,14 @@ def create_topic(
         return True
 
     # creation can fail transiently right after start-up (nsqd not yet known to the coordinator)
-    _poll(f"topic {topic} creation", create, timeout)
+    poll(f"topic {topic} creation", create, timeout)
 
     def readable() -> dict[str, Any] | None:
         info = lookup(leader, topic, "r")
         parts = info.get("partitions") or {}
         return info if all(str(p) in parts for p in range(partitions)) else None
 
-    info: dict[str, Any] = _poll(
+    info: dict[str, Any] = poll(
         f"all {partitions} partitions of {topic} in read lookup", readable, timeout
     )
     if channel is None:
@@ -126,7 +130,7 @@ def create_topic(
                 raise ClusterError(f"POST {ch_url} -> HTTP {status}: {body[:300]!r}")
             return True
 
-        _poll(f"channel {channel} on {topic}:{p}", create_channel, timeout)
+        poll(f"channel {channel} on {topic}:{p}", create_channel, timeout)
 
     def writable() -> dict[str, Any] | None:
         w = lookup(leader, topic, "w")
@@ -136,6 +140,4 @@ def create_topic(
         retrigger()
         return None
 
-    return cast(
-        dict[str, Any], _poll(f"all {partitions} partitions of {topic} writable", writable, timeout)
-    )
+    return poll(f"all {partitions} partitions of {topic} writable", writable, timeout)
