@@ -50,11 +50,23 @@ class ClusterError(RuntimeError):
 # --------------------------------------------------------------------------- helpers
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1 (tiny race until the daemon binds it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+    """A currently free TCP port on 127.0.0.1, never one this process handed out before.
+
+    The kernel may offer the same ephemeral port to two consecutive bind(0) calls once the
+    first socket is closed, so remembering what we gave away matters (a daemon configured
+    with two equal ports dies on start). A tiny race with other processes remains.
+    """
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((HOST, 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def http_request(
