@@ -479,6 +479,47 @@ def parse_result_line(stdout: str) -> dict[str, Any] | None:
     return None
 
 
+def measures(pr: ProcResult) -> dict[str, Any]:
+    """Peak RSS and CPU/wall seconds of a finished client process, for a run record."""
+    return {
+        "max_rss_kb": pr.max_rss_kb,
+        "cpu_s": round(pr.cpu_s, 3),
+        "wall_s": round(pr.wall_s, 3),
+        "rss_upper_bound": pr.rss_upper_bound,
+    }
+
+
+def driver_result(rec: dict[str, Any], pr: ProcResult) -> dict[str, Any] | None:
+    """Record a driver's measures and its RESULT line; None (and the failure) if it has none."""
+    rec.update(measures(pr))
+    res = parse_result_line(pr.stdout)
+    if res is None:
+        why = "timed out" if pr.timed_out else f"exit {pr.returncode}, no RESULT line"
+        rec.update(ok=False, error=why, stderr_tail=pr.stderr[-1500:])
+        return None
+    rec.update(
+        n=res["n"],
+        rate=res["rate"],
+        elapsed=res["elapsed"],
+        warmup=res["warmup"],
+        workload_cpu_s=round(res.get("cpu", 0.0), 3),
+    )
+    return res
+
+
+def save_run(data: dict[str, Any], out: Path, rec: dict[str, Any], label: str) -> None:
+    """Append a run record, rewrite the results file, and log one line about it."""
+    data["runs"].append(rec)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    rate = rec.get("rate")
+    log(
+        f"{label} {fmt_rate(rate) if rate else '-':>8s} msg/s  "
+        f"rss {fmt_mb(rec.get('max_rss_kb', 0)):>8s}  "
+        f"other load {rec.get('other_cpu_frac', -1):.2f}  "
+        + ("ok" if rec.get("ok") else f"FAILED: {rec.get('error')}")
+    )
+
+
 GO_RATE = re.compile(r"duration: (\S+) - [\d.]+mb/s - ([\d.]+)ops/s")
 
 

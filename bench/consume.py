@@ -143,13 +143,8 @@ def final_check(nsqd: c.Nsqd, topic: str, n: int, in_flight_max: int) -> dict[st
 
 
 def measures(pr: c.ProcResult) -> dict[str, Any]:
-    return {
-        "max_rss_kb": pr.max_rss_kb,
-        "cpu_s": round(pr.cpu_s, 3),
-        "wall_s": round(pr.wall_s, 3),
-        "rss_upper_bound": pr.rss_upper_bound,
-        "killed_after_timeout": pr.timed_out,  # then RSS and CPU are lost (0)
-    }
+    # killed after a timeout: then RSS and CPU are lost (0)
+    return {**c.measures(pr), "killed_after_timeout": pr.timed_out}
 
 
 def run_client(entry: Entry, p: dict[str, Any], nsqd: c.Nsqd, topic: str) -> dict[str, Any]:
@@ -326,16 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                 rec.update(
                     client=name, workload="consume", round=rnd, loadavg=la, prefill_s=prefill_s
                 )
-                data["runs"].append(rec)
-                out.write_text(json.dumps(data, indent=1) + "\n")
-                rate = rec.get("rate")
-                c.log(
-                    f"r{rnd} consume {name:14s} "
-                    f"{c.fmt_rate(rate) if rate else '-':>8s} msg/s  "
-                    f"rss {c.fmt_mb(rec['max_rss_kb']):>8s}  "
-                    f"other load {rec.get('other_cpu_frac', -1):.2f}  "
-                    + ("ok" if rec.get("ok") else f"FAILED: {rec.get('error')}")
-                )
+                c.save_run(data, out, rec, f"r{rnd} consume {name:14s}")
                 time.sleep(0.3)
     data["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     out.write_text(json.dumps(data, indent=1) + "\n")

@@ -69,24 +69,9 @@ def run_client(
     if client.name == "smartnsq":
         rec["smartnsq_source"] = c.source_digest()
     pr = c.run_measured(cmd, env=env, timeout=float(p["seconds"]) * 2 + 120)
-    rec.update(
-        max_rss_kb=pr.max_rss_kb,
-        cpu_s=round(pr.cpu_s, 3),
-        wall_s=round(pr.wall_s, 3),
-        rss_upper_bound=pr.rss_upper_bound,
-    )
-    res = c.parse_result_line(pr.stdout)
+    res = c.driver_result(rec, pr)
     if res is None:
-        why = "timed out" if pr.timed_out else f"exit {pr.returncode}, no RESULT line"
-        rec.update(ok=False, error=why, stderr_tail=pr.stderr[-1500:])
         return rec
-    rec.update(
-        n=res["n"],
-        rate=res["rate"],
-        elapsed=res["elapsed"],
-        warmup=res["warmup"],
-        workload_cpu_s=round(res.get("cpu", 0.0), 3),
-    )
     count = nsqd.message_count(topic)
     rec["nsqd_message_count"] = count
     err = res.get("error")
@@ -116,12 +101,7 @@ def run_go(workload: str, p: dict[str, Any], nsqd: c.Nsqd, topic: str) -> dict[s
     env = dict(os.environ, GOMAXPROCS="1")
     rec: dict[str, Any] = {"cmd": "GOMAXPROCS=1 bench_writer " + shlex.join(args)}
     pr = c.run_measured([str(nsqd.bins["bench_writer"]), *args], env=env, timeout=120)
-    rec.update(
-        max_rss_kb=pr.max_rss_kb,
-        cpu_s=round(pr.cpu_s, 3),
-        wall_s=round(pr.wall_s, 3),
-        rss_upper_bound=pr.rss_upper_bound,
-    )
+    rec.update(c.measures(pr))
     m = c.GO_RATE.search(pr.stderr + pr.stdout)
     if pr.returncode != 0 or not m:
         rec.update(ok=False, error=f"exit {pr.returncode}", stderr_tail=pr.stderr[-1500:])
@@ -214,16 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                     rec.update(c.cpu_delta(s0, c.cpu_snapshot(nsqd.pid), rec["cpu_s"]))
                     nsqd.delete_topic(topic)
                     rec.update(client=name, workload=wl, round=rnd, loadavg=la)
-                    data["runs"].append(rec)
-                    out.write_text(json.dumps(data, indent=1) + "\n")
-                    rate = rec.get("rate")
-                    c.log(
-                        f"r{rnd} {wl:10s} {name:12s} "
-                        f"{c.fmt_rate(rate) if rate else '-':>8s} msg/s  "
-                        f"rss {c.fmt_mb(rec['max_rss_kb']):>8s}  "
-                        f"other load {rec.get('other_cpu_frac', -1):.2f}  "
-                        + ("ok" if rec.get("ok") else f"FAILED: {rec.get('error')}")
-                    )
+                    c.save_run(data, out, rec, f"r{rnd} {wl:10s} {name:12s}")
                     time.sleep(0.3)
     data["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     out.write_text(json.dumps(data, indent=1) + "\n")

@@ -205,24 +205,9 @@ def run_case(
         servers_cpu_s=round(d1 - d0, 3),
         other_cpu_frac=round(max(0.0, other) / (wall * (os.cpu_count() or 1)), 3),
     )
-    rec.update(
-        max_rss_kb=pr.max_rss_kb,
-        cpu_s=round(pr.cpu_s, 3),
-        wall_s=round(pr.wall_s, 3),
-        rss_upper_bound=pr.rss_upper_bound,
-    )
-    res = c.parse_result_line(pr.stdout)
+    res = c.driver_result(rec, pr)
     if res is None:
-        why = "timed out" if pr.timed_out else f"exit {pr.returncode}, no RESULT line"
-        rec.update(ok=False, error=why, stderr_tail=pr.stderr[-1500:])
         return rec
-    rec.update(
-        n=res["n"],
-        rate=res["rate"],
-        elapsed=res["elapsed"],
-        warmup=res["warmup"],
-        workload_cpu_s=round(res.get("cpu", 0.0), 3),
-    )
     err = res.get("error")
     st = topic_stats(cluster, topic)
     rec.update(partitions_seen=st.partitions, nsqd_message_count=st.message_count)
@@ -519,15 +504,7 @@ def main(argv: list[str] | None = None) -> int:
                 p = prm[wl][kind] if wl == "consume" else prm[wl]
                 rec = run_case(cluster, wl, kind, topic, p)
                 rec.update(workload=wl, kind=kind, round=rnd, topic=topic, loadavg=la)
-                data["runs"].append(rec)
-                out.write_text(json.dumps(data, indent=1) + "\n")
-                rate = rec.get("rate")
-                c.log(
-                    f"r{rnd} {wl:10s} {kind:9s} {c.fmt_rate(rate) if rate else '-':>8s} msg/s  "
-                    f"rss {c.fmt_mb(rec.get('max_rss_kb', 0)):>8s}  "
-                    f"other load {rec.get('other_cpu_frac', -1):.2f}  "
-                    + ("ok" if rec.get("ok") else f"FAILED: {rec.get('error')}")
-                )
+                c.save_run(data, out, rec, f"r{rnd} {wl:10s} {kind:9s}")
                 time.sleep(0.3)
     data["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     out.write_text(json.dumps(data, indent=1) + "\n")
