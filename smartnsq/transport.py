@@ -23,7 +23,7 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 import anyio
 import anyio.abc
@@ -104,8 +104,8 @@ class AsyncioLink(asyncio.Protocol):
     # asyncio.Protocol callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports implement asyncio.Transport without subclassing it
+        self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self._loop.time()
@@ -188,7 +188,8 @@ class AsyncioLink(asyncio.Protocol):
     async def start_tls(self, context: ssl.SSLContext, hostname: str) -> None:
         assert self._transport is not None
         new = await self._loop.start_tls(self._transport, self, context, server_hostname=hostname)
-        assert isinstance(new, asyncio.Transport)
+        if new is None:
+            raise ConnectionClosed("connection closed during the TLS upgrade")
         self._transport = new
 
     async def run(self, on_data: OnData) -> None:

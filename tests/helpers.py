@@ -9,12 +9,17 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
+import pytest
 
 from smartnsq import Connection, ConnectionConfig
 from smartnsq.protocol import RawMessage, commands, decode_message
 from smartnsq.protocol.message import MessageLayout
 
 T = TypeVar("T")
+
+# asyncio with uvloop's event loop: its transports are not asyncio.Transport subclasses
+UVLOOP = pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")
+EVERY_LOOP = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio", UVLOOP])
 
 
 def http_json(url: str, method: str = "GET") -> Any:

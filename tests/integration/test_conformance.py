@@ -17,12 +17,12 @@ from compat.cluster import Cluster
 from compat.pytest_plugin import require_youzan_binaries
 from compat.youzan import create_topic
 from smartnsq import Consumer, Message, Producer
-from tests.helpers import create_channel
+from tests.helpers import UVLOOP, create_channel
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.anyio,
-    pytest.mark.parametrize("anyio_backend", ["asyncio"]),
+    pytest.mark.parametrize("anyio_backend", ["asyncio", UVLOOP]),
 ]
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from smartnsq import Consumer, Producer
 from smartnsq.errors import InvalidArgument, InvalidChannel, InvalidTopic, NSQError
-from tests.helpers import channel_stats, create_channel, wait_until
+from tests.helpers import EVERY_LOOP, channel_stats, create_channel, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -78,6 +78,7 @@ def bodies_for(prefix: str, n: int) -> list[bytes]:
 # --------------------------------------------------------------------------- basic
 
 
+@EVERY_LOOP
 @pytest.mark.parametrize("kind", ["async", "sync"])
 async def test_consume_basic(classic_cluster, anyio_backend, kind):
     nsqd = classic_cluster.nsqd[0]

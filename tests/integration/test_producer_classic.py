@@ -26,7 +26,7 @@ from smartnsq.errors import (
     MessageTooLarge,
     NSQError,
 )
-from tests.helpers import channel_stats, create_channel, drain, topic_stats, wait_for
+from tests.helpers import EVERY_LOOP, channel_stats, create_channel, drain, topic_stats, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -116,6 +116,7 @@ async def test_server_rejects_oversized_message_without_retry(cluster_factory, a
     assert topic_stats(nsqd.http, "big")["message_count"] == 1  # type: ignore[index]
 
 
+@EVERY_LOOP
 async def test_pipelined_concurrent_publish(classic_cluster, anyio_backend):
     nsqd = classic_cluster.nsqd[0]
     topic = unique("conc")
@@ -132,6 +133,7 @@ async def test_pipelined_concurrent_publish(classic_cluster, anyio_backend):
     assert len({m.body for m in got}) == 1000
 
 
+@EVERY_LOOP
 @pytest.mark.parametrize("compression", ["snappy", "deflate"])
 async def test_compression(classic_cluster, anyio_backend, compression):
     nsqd = classic_cluster.nsqd[0]
@@ -180,6 +182,7 @@ def tls_cluster(tmp_path_factory, tls_ca) -> Iterator[object]:
         cluster.stop()
 
 
+@EVERY_LOOP
 async def test_tls_publish_with_verification(tls_cluster, tls_ca, anyio_backend):
     nsqd = tls_cluster.nsqd[0]  # type: ignore[attr-defined]
     topic = unique("tls")
@@ -266,6 +269,7 @@ async def test_auth(cluster_factory, auth_server, anyio_backend):
 # -- failures -------------------------------------------------------------------------------------
 
 
+@EVERY_LOOP
 async def test_restart_mid_publish_loses_nothing(cluster_factory, anyio_backend):
     """Every publish either succeeded or raised, and every success is in the topic."""
     cluster = cluster_factory("classic")
