@@ -52,6 +52,7 @@ class Client:
     pins: tuple[str, ...]
     workloads: frozenset[str]
     label: str = ""
+    variant: str = ""  # passed to the driver as --variant
 
     @property
     def venv(self) -> Path:
@@ -63,6 +64,14 @@ CLIENTS: dict[str, Client] = {
     c.name: c
     for c in [
         Client("smartnsq", "drv_smartnsq.py", (), SEQ | {"concurrent"}, "smartnsq (asyncio)"),
+        Client(
+            "smartnsq-uvloop",
+            "drv_smartnsq.py",
+            (),
+            SEQ | {"concurrent"},
+            "smartnsq (uvloop)",
+            "uvloop",
+        ),
         Client(
             "pynsq",
             "drv_pynsq.py",
@@ -145,7 +154,7 @@ CLIENTS: dict[str, Client] = {
         ),
     ]
 }
-PEERS = [name for name in CLIENTS if name != "smartnsq"]
+PEERS = [name for name in CLIENTS if not name.startswith("smartnsq")]
 
 
 def log(msg: str) -> None:

@@ -58,6 +58,7 @@ ENTRIES: dict[str, Entry] = {
     for e in [
         Entry("smartnsq", "smartnsq", "async", "smartnsq (asyncio), async handler"),
         Entry("smartnsq-sync", "smartnsq", "sync", "smartnsq (asyncio), sync handler"),
+        Entry("smartnsq-uvloop", "smartnsq", "uvloop", "smartnsq (uvloop), async handler"),
         Entry("pynsq", "pynsq", "", "pynsq 0.9.1 (tornado)"),
         Entry("gnsq", "gnsq", "", "gnsq 1.0.2 (gevent)"),
         Entry("nsq-py", "nsq-py", "", "nsq-py 0.1.12 (sync sockets)"),
@@ -66,7 +67,17 @@ ENTRIES: dict[str, Entry] = {
         Entry(GO, GO, "", "Go `bench_reader`, GOMAXPROCS=1, 1 connection (ceiling)"),
     ]
 }
-DEFAULT = ["smartnsq", "smartnsq-sync", "pynsq", "nsq-py", "asyncnsq", "ansq", "gnsq", GO]
+DEFAULT = [
+    "smartnsq",
+    "smartnsq-sync",
+    "smartnsq-uvloop",
+    "pynsq",
+    "nsq-py",
+    "asyncnsq",
+    "ansq",
+    "gnsq",
+    GO,
+]
 
 
 def params(quick: bool) -> dict[str, Any]:

@@ -58,6 +58,8 @@ def run_client(
     base, env = c.client_command(client)
     args = [workload, "--addr", nsqd.tcp, "--topic", topic]
     args += [x for k, v in p.items() for x in (f"--{k}", str(v))]
+    if client.variant:
+        args += ["--variant", client.variant]
     cmd = base + args
     rec: dict[str, Any] = {
         "cmd": shlex.join(
@@ -66,7 +68,7 @@ def run_client(
             + args
         )
     }
-    if client.name == "smartnsq":
+    if client.name.startswith("smartnsq"):
         rec["smartnsq_source"] = c.source_digest()
     pr = c.run_measured(cmd, env=env, timeout=float(p["seconds"]) * 2 + 120)
     res = c.driver_result(rec, pr)

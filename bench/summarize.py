@@ -66,7 +66,8 @@ def publish_section(data: dict[str, Any]) -> str:
     runs: list[dict[str, Any]] = data["runs"]
     clients = list(dict.fromkeys(r["client"] for r in runs))
     py_clients = [x for x in clients if x != GO]
-    peers = [x for x in py_clients if x != "smartnsq"]
+    peers = [x for x in py_clients if not x.startswith("smartnsq")]
+    smarts = [x for x in py_clients if x.startswith("smartnsq")]
     labels = {x.name: x.label for x in c.CLIENTS.values()}
     m = data["machine"]
     pv = data.get("python_versions", {})
@@ -101,7 +102,7 @@ def publish_section(data: dict[str, Any]) -> str:
         "|---|---|---|---|---|",
     ]
     for x in py_clients:
-        name = f"**{labels.get(x, x)}**" if x == "smartnsq" else labels.get(x, x)
+        name = f"**{labels.get(x, x)}**" if x in smarts else labels.get(x, x)
         out.append(
             f"| {name} | {_cell(_rates(runs, x, 'pub'))} | {_cell(_rates(runs, x, 'mpub'))} "
             f"| {_cell(_rates(runs, x, 'concurrent'))} | {c.fmt_mb(rss[x])} |"
@@ -114,8 +115,7 @@ def publish_section(data: dict[str, Any]) -> str:
             f"| {c.fmt_mb(rss[GO])} |"
         )
 
-    # ratios and targets
-    s = {wl: _rates(runs, "smartnsq", wl) for wl in ("pub", "mpub", "concurrent")}
+    # ratios and targets, for each smartnsq row (default asyncio loop, uvloop)
     go = {wl: _rates(runs, GO, wl) for wl in ("pub", "mpub")}
 
     def fastest(wl: str) -> str | None:
@@ -125,35 +125,38 @@ def publish_section(data: dict[str, Any]) -> str:
         return max(cand)[1] if cand else None
 
     rows: list[tuple[str, float, float, str]] = []
-    for wl, title, go_target in (
-        ("mpub", "publish_many (batch 200)", 0.9),
-        ("pub", "sequential PUB", 0.5),
-    ):
+    for smart in smarts:
+        s = {wl: _rates(runs, smart, wl) for wl in ("pub", "mpub", "concurrent")}
+        who = f"{labels.get(smart, smart)}: "
+        for wl, title, go_target in (
+            ("mpub", "publish_many (batch 200)", 0.9),
+            ("pub", "sequential PUB", 0.5),
+        ):
+            rows.append(
+                (
+                    f"{who}{title} vs `bench_writer -batch-size {200 if wl == 'mpub' else 1}`",
+                    _ratio(s[wl], go[wl]),
+                    go_target,
+                    "",
+                )
+            )
+            fp = fastest(wl)
+            rows.append(
+                (
+                    f"{who}{title} vs fastest peer ({fp or 'none'})",
+                    _ratio(s[wl], _rates(runs, fp, wl)) if fp else float("nan"),
+                    1.0,
+                    "",
+                )
+            )
         rows.append(
             (
-                f"{title} vs `bench_writer -batch-size {200 if wl == 'mpub' else 1}`",
-                _ratio(s[wl], go[wl]),
-                go_target,
+                f"{who}concurrent publish vs its sequential PUB",
+                _ratio(s["concurrent"], s["pub"]),
+                5.0,
                 "",
             )
         )
-        fp = fastest(wl)
-        rows.append(
-            (
-                f"{title} vs fastest peer ({fp or 'none'})",
-                _ratio(s[wl], _rates(runs, fp, wl)) if fp else float("nan"),
-                1.0,
-                "",
-            )
-        )
-    rows.append(
-        (
-            "concurrent publish vs smartnsq sequential PUB",
-            _ratio(s["concurrent"], s["pub"]),
-            5.0,
-            "",
-        )
-    )
     digests = list(dict.fromkeys(r["smartnsq_source"] for r in runs if "smartnsq_source" in r))
     src = f"smartnsq at git {data.get('git', '?')}, source digest {', '.join(digests) or '?'}."
     if len(digests) > 1:
@@ -171,26 +174,28 @@ def publish_section(data: dict[str, Any]) -> str:
     ]
     for title, x, target, _ in rows:
         out.append(f"| {title} | {_fmt_ratio(x)} | >= {target:g}x | {_verdict(x, target)} |")
-    smart_rss = rss.get("smartnsq", 0) * 1024 / 1e6
-    out.append(
-        f"| peak RSS of the smartnsq benchmark process | {smart_rss:.1f} MB "
-        f"| <= {TARGET_RSS_MB:g} MB | "
-        + (
-            "**not measured**"
-            if not smart_rss
-            else "**met**"
-            if smart_rss <= TARGET_RSS_MB
-            else "**NOT met**"
+    for smart in smarts:
+        smart_rss = rss.get(smart, 0) * 1024 / 1e6
+        out.append(
+            f"| peak RSS of the {labels.get(smart, smart)} benchmark process | {smart_rss:.1f} MB "
+            f"| <= {TARGET_RSS_MB:g} MB | "
+            + (
+                "**not measured**"
+                if not smart_rss
+                else "**met**"
+                if smart_rss <= TARGET_RSS_MB
+                else "**NOT met**"
+            )
+            + " |"
         )
-        + " |"
-    )
     if "concurrent" in {r["workload"] for r in runs}:
         pc = _rates(runs, "pynsq", "concurrent")
-        if pc and s["concurrent"]:
+        sc = _rates(runs, "smartnsq", "concurrent")
+        if pc and sc:
             out.append("")
             out.append(
-                f"For reference, smartnsq concurrent vs pynsq with 64 PUBs in flight: "
-                f"{_fmt_ratio(_ratio(s['concurrent'], pc))}."
+                f"For reference, smartnsq (asyncio) concurrent vs pynsq with 64 PUBs in flight: "
+                f"{_fmt_ratio(_ratio(sc, pc))}."
             )
 
     out += [
@@ -227,7 +232,9 @@ def publish_section(data: dict[str, Any]) -> str:
         "gets a fresh topic (created over HTTP before, deleted after the run).",
         "- Every client runs as its own subprocess: peers in their own virtualenvs under "
         "`bench/.venvs/` with the versions pinned in `bench/common.py`, smartnsq from the "
-        "working tree with the benchmark's interpreter. The driver connects, sends one "
+        "working tree with the benchmark's interpreter, once on asyncio's default event loop "
+        "and once on uvloop's (`uvloop.run`; the `smartnsq[uvloop]` extra). The driver "
+        "connects, sends one "
         "untimed warm-up PUB, then times the workload only with `time.monotonic()` and "
         "prints the count; the runner checks that nsqd's topic `message_count` equals "
         "warm-up + timed messages.",
@@ -345,6 +352,21 @@ def consume_section(data: dict[str, Any]) -> str:
         (f"sync handler vs fastest Python peer ({fp or 'none'})", ratio_to(s_sync, fp), None),
         ("sync handler vs async handler", _ratio(s_sync, s_async), None),
     ]
+    s_uv = rates.get("smartnsq-uvloop", {})
+    if s_uv:
+        rows += [
+            (
+                f"uvloop, async handler vs fastest Python peer ({fp or 'none'})",
+                ratio_to(s_uv, fp),
+                1.0,
+            ),
+            (
+                f"uvloop, async handler vs fastest asyncio peer ({fa or 'none'})",
+                ratio_to(s_uv, fa),
+                5.0,
+            ),
+            ("uvloop vs asyncio, both async handler", _ratio(s_uv, s_async), None),
+        ]
     digests = list(dict.fromkeys(r["smartnsq_source"] for r in runs if "smartnsq_source" in r))
     src = f"smartnsq at git {data.get('git', '?')}, source digest {', '.join(digests) or '?'}."
     if len(digests) > 1:
@@ -366,10 +388,10 @@ def consume_section(data: dict[str, Any]) -> str:
             out.append(f"| {title} | {_fmt_ratio(x)} | - | (reference) |")
         else:
             out.append(f"| {title} | {_fmt_ratio(x)} | >= {target:g}x | {_verdict(x, target)} |")
-    smart = [x for x in ("smartnsq", "smartnsq-sync") if rss.get(x)]
+    smart = [x for x in clients if x.startswith("smartnsq") and rss.get(x)]
     smart_rss = max((rss[x] for x in smart), default=0) * 1024 / 1e6
     out.append(
-        f"| peak RSS of the smartnsq consumer process (both handler kinds) | {smart_rss:.1f} MB "
+        f"| peak RSS of the smartnsq consumer process (every smartnsq row) | {smart_rss:.1f} MB "
         f"| <= {TARGET_RSS_MB:g} MB | "
         + (
             "**not measured**"
@@ -404,7 +426,8 @@ def consume_section(data: dict[str, Any]) -> str:
         "- The driver notes `t_start` just before it creates its consumer (connect, IDENTIFY "
         "and SUB are inside the timing) and consumes through the library's normal API: "
         "smartnsq `Consumer(topic, channel, handler, max_in_flight=2500)` with an "
-        "`async def` handler (the main row) or a plain `def` handler, returning normally to "
+        "`async def` handler (the main row; also on uvloop's event loop) or a plain `def` "
+        "handler, returning normally to "
         "FIN; pynsq `Reader(message_handler=...)` returning True; gnsq `on_message` handler; "
         "nsq-py `for message in Reader(...): message.fin()`; asyncnsq 1.x and ansq "
         "`async for message in reader.messages(): await message.fin()` (ansq's Reader only "

@@ -1,6 +1,7 @@
-"""smartnsq driver: Producer.publish / publish_many on asyncio; Consumer with a
-handler for ``consume`` (``--variant async``, the default: ``async def``
-handler; ``--variant sync``: plain ``def`` handler).  Returning normally FINs."""
+"""smartnsq driver: Producer.publish / publish_many; Consumer with a handler for
+``consume``.  ``--variant`` is a comma-separated list of: ``sync`` (consume
+with a plain ``def`` handler instead of an ``async def`` one), ``uvloop`` (run
+on uvloop's event loop instead of asyncio's).  Returning normally FINs."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ async def consume(a: argparse.Namespace) -> None:
             d.emit_handled(count, t_start)
             done.set()
 
-    handler = sync_handler if a.variant == "sync" else async_handler
+    handler = sync_handler if "sync" in a.variant.split(",") else async_handler
     t_start = d.start()
     async with Consumer(
         a.topic, a.channel, handler, nsqd_tcp_addresses=[a.addr], max_in_flight=a.mif
@@ -92,7 +93,13 @@ async def consume(a: argparse.Namespace) -> None:
 
 def main() -> None:
     a = d.parse_args()
-    asyncio.run(consume(a) if a.workload == "consume" else run(a))
+    main = consume(a) if a.workload == "consume" else run(a)
+    if "uvloop" in a.variant.split(","):
+        import uvloop
+
+        uvloop.run(main)
+    else:
+        asyncio.run(main)
 
 
 if __name__ == "__main__":

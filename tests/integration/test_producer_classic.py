@@ -26,6 +26,7 @@ from smartnsq.errors import (
     MessageTooLarge,
     NSQError,
 )
+from smartnsq.protocol import commands
 from tests.helpers import EVERY_LOOP, channel_stats, create_channel, drain, topic_stats, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -106,14 +107,31 @@ def test_bad_configuration():
         Producer(["127.0.0.1:4150"], snappy=True, deflate=True)
 
 
+@EVERY_LOOP
 async def test_server_rejects_oversized_message_without_retry(cluster_factory, anyio_backend):
     cluster = cluster_factory("classic", nsqd_args=["--max-msg-size=500"])
     nsqd = cluster.nsqd[0]
-    async with Producer([nsqd.tcp], max_retries=5) as producer:
+    async with Producer([nsqd.tcp], max_retries=0) as producer:
         with pytest.raises(NSQError, match="E_BAD_MESSAGE"):
             await producer.publish("big", b"x" * 600)
         await producer.publish("big", b"fits")  # a fresh connection replaces the closed one
     assert topic_stats(nsqd.http, "big")["message_count"] == 1  # type: ignore[index]
+
+
+@EVERY_LOOP
+async def test_fatal_error_marks_the_connection_unusable_before_the_caller_resumes(
+    cluster_factory, anyio_backend
+):
+    cluster = cluster_factory("classic", nsqd_args=["--max-msg-size=500"])
+    conn = await Connection.open(cluster.nsqd[0].tcp)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(conn.run)
+        with pytest.raises(NSQError, match="E_BAD_MESSAGE"):
+            await conn.request(commands.pub("big", b"x" * 600), publish=True)
+        # nsqd closes the connection after a fatal error; the caller must not be able to
+        # send another request on it (answers are woken only after the whole read).
+        assert not conn.usable
+        await conn.close()
 
 
 @EVERY_LOOP
