@@ -44,6 +44,7 @@ from smartnsq.protocol.frames import (
     FRAME_RESPONSE,
     HEARTBEAT,
     FrameDecoder,
+    Span,
 )
 from smartnsq.transport import Link, open_link, running_on_asyncio
 
@@ -304,10 +305,10 @@ class Connection:
         self.config = config
         self.features = Features()
         self.auth: Mapping[str, Any] | None = None
-        # Called with a buffer and the (start, end) spans of the message frames that arrived
-        # together in it: no copy is made until the callee slices what it needs, and the
-        # callee can account for a whole batch at once.
-        self.on_messages: Callable[[bytes, list[tuple[int, int]]], None] | None = None
+        # Called with a buffer and the (frame type, start, end) spans of the message frames
+        # that arrived together in it: no copy is made until the callee slices what it
+        # needs, and the callee can account for a whole batch at once.
+        self.on_messages: Callable[[bytes, list[Span]], None] | None = None
         self.on_async_error: Callable[[ServerError], None] | None = None
         self.on_close: Callable[[Connection], None] | None = None
         self.before_read: Callable[[], None] | None = None
@@ -518,12 +519,18 @@ class Connection:
             self.before_read()
         if self._decompress is not None:
             data = self._decompress(data)
-        src, spans = self._decoder.feed_spans(data)
+        decoder = self._decoder
+        src, spans = decoder.feed_spans(data)
         on_messages = self.on_messages
-        batch: list[tuple[int, int]] = []
-        for ftype, start, end in spans:
+        if not decoder.others:  # only message frames (or none): the consumer's usual read
+            if spans and on_messages is not None:
+                on_messages(src, spans)
+            return
+        batch: list[Span] = []
+        for span in spans:
+            ftype, start, end = span
             if ftype == FRAME_MESSAGE:
-                batch.append((start, end))
+                batch.append(span)
                 continue
             if batch:  # keep message and other frames in stream order
                 if on_messages is not None:

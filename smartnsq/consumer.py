@@ -39,6 +39,7 @@ from smartnsq.lookup.manager import LookupManager
 from smartnsq.message import Message
 from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
+from smartnsq.protocol.frames import Span
 from smartnsq.protocol.message import CLASSIC, MessageLayout, decode_message
 from smartnsq.protocol.names import validate_channel, validate_topic
 from smartnsq.rdy import distribute
@@ -437,7 +438,7 @@ class Consumer:
 
     # -- message flow ----------------------------------------------------------------------------
 
-    def _on_messages(self, reader: _Reader, src: bytes, spans: list[tuple[int, int]]) -> None:
+    def _on_messages(self, reader: _Reader, src: bytes, spans: list[Span]) -> None:
         """Every message frame of one read. Counters and RDY are settled once per batch."""
         n = len(spans)
         reader.in_flight += n
@@ -453,9 +454,9 @@ class Consumer:
             handler = self._handler
             inline = handler is not None and not self._async_handler
             append = self._queue.append
-            finish = self._finish
+            write = reader.write
             max_attempts = self.max_attempts
-            for start, end in spans:
+            for _, start, end in spans:
                 if end - start < 26:
                     raise ProtocolError(f"message frame too short ({end - start} bytes)")
                 timestamp, attempts = _unpack_head(src, start)
@@ -475,11 +476,20 @@ class Consumer:
                         self._handler_failed(msg, exc)
                     else:
                         if msg._auto and not msg._responded:
-                            finish(msg)
+                            # _finish inlined: this runs once per message
+                            msg._responded = True
+                            reader.in_flight -= 1
+                            try:
+                                write(b"FIN %s\n" % mid)
+                            except ConnectionClosed:
+                                self._answer_lost(msg, "finish")
+                            self._finished += 1
+                            if self._backoff_level:
+                                self._backoff_result(success=True)
             if self._idle and self._queue:
                 self._idle.popleft().set()
             return
-        for start, end in spans:
+        for _, start, end in spans:
             self._on_message(reader, decode_message(src[start:end], reader.layout, Message))
 
     def _on_message(self, reader: _Reader, msg: Message) -> None:
@@ -594,7 +604,6 @@ class Consumer:
         idle = self._idle
         slots = self._slots
         handler = self._handler
-        finish = self._finish
         assert handler is not None
         while not self._stopping:
             if not queue:
@@ -618,7 +627,17 @@ class Consumer:
                 self._handler_failed(msg, exc)
             else:
                 if msg._auto and not msg._responded:
-                    finish(msg)
+                    # _finish inlined: this runs once per message
+                    msg._responded = True
+                    reader = msg._reader
+                    reader.in_flight -= 1
+                    try:
+                        reader.write(b"FIN %s\n" % msg.id)
+                    except ConnectionClosed:
+                        self._answer_lost(msg, "finish")
+                    self._finished += 1
+                    if self._backoff_level:
+                        self._backoff_result(success=True)
             slots[slot] = None
 
     def _handler_failed(self, msg: Message, exc: Exception) -> None:
@@ -657,11 +676,16 @@ class Consumer:
         try:
             reader.write(command)
         except ConnectionClosed:
-            log.info(
-                "could not answer message %s: connection to %s is gone; nsqd will redeliver it",
-                msg.id.hex(),
-                reader.address,
-            )
+            self._answer_lost(msg, "answer")
+
+    @staticmethod
+    def _answer_lost(msg: Message, what: str) -> None:
+        log.info(
+            "could not %s message %s: connection to %s is gone; nsqd will redeliver it",
+            what,
+            msg.id.hex(),
+            msg._reader.address,
+        )
 
     def _finish(self, msg: Message, count: bool = True) -> None:
         # _respond inlined: this runs once per message.
@@ -673,11 +697,7 @@ class Consumer:
         try:
             reader.write(b"FIN %s\n" % msg.id)
         except ConnectionClosed:
-            log.info(
-                "could not finish message %s: connection to %s is gone; nsqd will redeliver it",
-                msg.id.hex(),
-                reader.address,
-            )
+            self._answer_lost(msg, "finish")
         if count:
             self._finished += 1
         if self._backoff_level and count:

@@ -87,8 +87,8 @@ async def drain(
     done = anyio.Event()
     lay = layout or MessageLayout(binary_id=conn.features.youzan)
 
-    def on_messages(src: bytes, spans: list[tuple[int, int]]) -> None:
-        for start, end in spans:
+    def on_messages(src: bytes, spans: list[tuple[int, int, int]]) -> None:
+        for _, start, end in spans:
             msg = decode_message(src[start:end], lay, RawMessage)
             got.append(msg)
             ids.add(msg.id)

@@ -38,13 +38,16 @@ class FrameDecoder:
     unusable: the stream has lost its framing.
     """
 
-    __slots__ = ("_buf", "_failed", "_need", "max_frame_size")
+    __slots__ = ("_buf", "_failed", "_need", "max_frame_size", "others")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self._buf = bytearray()  # bytes of an incomplete frame
         self._need = 8  # buffered bytes needed before parsing is worth trying
         self.max_frame_size = max_frame_size
         self._failed = False
+        # How many of the spans the last feed_spans() returned are not message frames: a
+        # consumer's reads are usually all messages, and 0 here lets it skip sorting them.
+        self.others = 0
 
     def feed_spans(self, data: bytes, limit: int = -1) -> tuple[bytes, list[Span]]:
         """Buffer ``data``; return a buffer and the spans of the complete frames in it.
@@ -58,6 +61,7 @@ class FrameDecoder:
         if buf:
             buf += data
             if len(buf) < self._need:  # a large frame still arriving: no copy yet
+                self.others = 0
                 return b"", []
             src = bytes(buf)
             buf.clear()
@@ -66,6 +70,7 @@ class FrameDecoder:
         spans: list[Span] = []
         n = len(src)
         pos = 0
+        others = 0
         max_size = self.max_frame_size
         while n - pos >= 8:
             size, ftype = _unpack_head(src, pos)
@@ -78,9 +83,11 @@ class FrameDecoder:
             if end > n:
                 self._need = end - pos
                 break
-            if ftype > FRAME_MESSAGE:
-                self._failed = True
-                raise ProtocolError(f"unknown frame type {ftype}")
+            if ftype != FRAME_MESSAGE:
+                if ftype > FRAME_MESSAGE:
+                    self._failed = True
+                    raise ProtocolError(f"unknown frame type {ftype}")
+                others += 1
             spans.append((ftype, pos + 8, end))
             pos = end
             if len(spans) == limit:
@@ -91,6 +98,7 @@ class FrameDecoder:
             buf += src[pos:]
             if n - pos < 8:
                 self._need = 8
+        self.others = others
         return src, spans
 
     def feed(self, data: bytes, limit: int = -1) -> list[Frame]:

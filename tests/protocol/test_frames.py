@@ -43,6 +43,18 @@ def test_any_chunking_yields_the_same_frames(frames, cuts):
     assert dec.buffered == 0
 
 
+@given(frames_strategy, st.lists(st.integers(min_value=0), max_size=30))
+def test_spans_and_the_count_of_non_message_frames(frames, cuts):
+    stream = b"".join(encode_frame(t, d) for t, d in frames)
+    dec = FrameDecoder()
+    got = []
+    for chunk in chunked(stream, cuts):
+        src, spans = dec.feed_spans(chunk)
+        assert dec.others == sum(1 for t, _, _ in spans if t != FRAME_MESSAGE)
+        got += [(t, src[a:b]) for t, a, b in spans]
+    assert got == frames
+
+
 @given(st.binary(max_size=2000), st.lists(st.integers(min_value=0), max_size=10))
 def test_arbitrary_bytes_raise_only_protocol_error(data, cuts):
     dec = FrameDecoder(max_frame_size=1024)
