@@ -322,12 +322,14 @@ class Producer:
         if set(map(type, checked)) != {bytes}:
             checked = [_check_body(b) for b in checked]
         lens = list(map(len, checked))
-        if min(lens) == 0:
+        uniform = len(set(lens)) == 1  # same-size bodies, common in bulk: cheaper checks
+        shortest, longest = (lens[0], lens[0]) if uniform else (min(lens), max(lens))
+        if shortest == 0:
             raise InvalidArgument("message bodies must not be empty (nsqd rejects them)")
         limit = self.max_message_size
-        if max(lens) > limit:
+        if longest > limit:
             raise MessageTooLarge(
-                f"message of {max(lens)} bytes exceeds max_message_size ({limit}); nothing was sent"
+                f"message of {longest} bytes exceeds max_message_size ({limit}); nothing was sent"
             )
         if trace_ids is None and self.trace.enabled(topic):
             trace_ids = [_new_trace_id() for _ in checked]
@@ -342,7 +344,8 @@ class Producer:
                 _check_trace_id(t)
         overhead = 12 if trace_ids is not None else 4
         batches: list[tuple[int, int]] = []
-        if 4 + overhead * len(lens) + sum(lens) <= self.max_body_size:
+        total = lens[0] * len(lens) if uniform else sum(lens)
+        if 4 + overhead * len(lens) + total <= self.max_body_size:
             batches.append((0, len(lens)))
         else:
             start, size = 0, 4
@@ -361,7 +364,7 @@ class Producer:
             batch = checked[start:end]
             try:
                 if plain and self._lookup is None:
-                    await self._send(_mpub(topic, batch, lens[start:end]), timeout)
+                    await self._send(_mpub(topic, batch, lens[start:end], uniform), timeout)
                 elif trace_ids is None:
                     await self._send_routed(
                         topic,
@@ -628,10 +631,9 @@ class Producer:
             log.warning("connection to nsqd %s lost: %s", node.address, conn.close_reason)
 
 
-def _mpub(topic: str, batch: list[bytes], sizes: list[int]) -> bytes:
-    first = sizes[0]
-    if min(sizes) == first == max(sizes):  # same-size bodies (common in bulk): one join
-        sep = _pack_u32(first)
+def _mpub(topic: str, batch: list[bytes], sizes: list[int], uniform: bool) -> bytes:
+    if uniform:  # same-size bodies: one join
+        sep = _pack_u32(sizes[0])
         body = sep + sep.join(batch)
     else:
         parts: list[bytes] = [b""] * (2 * len(batch))
