@@ -98,6 +98,52 @@ async def test_ordered_topic_keys_stay_in_order(youzan_cluster, anyio_backend):
         assert offs == sorted(offs), f"offsets went backwards in partition {partition}"
 
 
+async def test_blocked_ordered_partition_is_reported_and_holds_the_rest(
+    youzan_cluster, anyio_backend, caplog
+):
+    topic = unique("blk")
+    create_topic(youzan_cluster, topic, partitions=1, replicas=1, ordered=True, channel="ch")
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        for body in (b"first", b"second"):
+            await producer.publish(topic, body, sharding_key="k")
+
+    handled: list[tuple[bytes, int]] = []
+    blocked: list[tuple[bytes, int]] = []
+    done = anyio.Event()
+
+    def handle(message: Message) -> None:
+        handled.append((message.body, message.attempts))
+        if message.body == b"first" and message.attempts < 4:
+            raise RuntimeError("not yet")  # REQ: an ordered channel redelivers it at once
+        if message.body == b"second":
+            done.set()
+
+    caplog.set_level(logging.WARNING, logger="smartnsq.consumer")
+    async with Consumer(
+        topic,
+        "ch",
+        handle,
+        lookupd_http_addresses=lookupds(youzan_cluster),
+        max_attempts=0,
+        backoff_unit=0.01,
+        blocked_warn_attempts=2,
+        blocked_error_attempts=3,
+        on_blocked=lambda m: blocked.append((m.body, m.attempts)),
+    ):
+        with anyio.fail_after(60):
+            await done.wait()
+
+    # Nothing after the failing message arrived until it was finally handled.
+    # (The fork delivers the first message of a new ordered channel twice: attempts repeat.)
+    firsts = [a for body, a in handled if body == b"first"]
+    assert firsts == sorted(firsts) and set(firsts) == {1, 2, 3, 4}
+    second_at = [body for body, _ in handled].index(b"second")
+    assert all(body == b"first" for body, _ in handled[:second_at])
+    assert sorted({a for body, a in blocked if body == b"first"}) == [2, 3, 4]
+    levels = {r.levelno for r in caplog.records if "is blocked" in r.getMessage()}
+    assert levels == {logging.WARNING, logging.ERROR}
+
+
 async def test_unordered_partitioned_topic_consumes_everything(youzan_cluster, anyio_backend):
     topic = unique("part")
     create_topic(youzan_cluster, topic, partitions=2, replicas=1, channel="ch")

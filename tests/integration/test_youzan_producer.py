@@ -13,7 +13,7 @@ import pytest
 from compat.youzan import create_topic
 from smartnsq import Producer
 from smartnsq.errors import ExtNotSupported, NotSupported, TopicNotFound
-from smartnsq.ordered import go_partition
+from smartnsq.ordered import go_partition, java_partition
 from smartnsq.protocol import MessageLayout, commands
 from smartnsq.trace import JsonFormatter
 from tests.helpers import drain
@@ -59,6 +59,35 @@ async def test_sharding_key_maps_like_go_nsq(youzan_cluster, topic2, anyio_backe
             result = await producer.publish(topic, key.encode(), sharding_key=key, trace_id=7)
             assert result is not None
             assert result.partition == go_partition(key, 2), key
+
+
+async def test_java_sdk_and_custom_sharding(youzan_cluster, topic2, anyio_backend):
+    topic, _ = topic2
+    keys: list[str | int] = [f"order-{i}" for i in range(20)] + list(range(-10, 10))
+    async with Producer(
+        lookupd_http_addresses=lookupds(youzan_cluster), sharding="java"
+    ) as producer:
+        for key in keys:
+            result = await producer.publish(topic, b"j", sharding_key=key, trace_id=8)
+            assert result is not None
+            assert result.partition == java_partition(key, 2), key
+    # The two mappings really differ on these keys, so the test tells them apart.
+    assert any(java_partition(k, 2) != go_partition(k, 2) for k in keys)
+
+    calls: list[tuple[object, int]] = []
+
+    def last_digit(key: object, partitions: int) -> int:
+        calls.append((key, partitions))
+        return int(str(key)[-1]) % partitions
+
+    async with Producer(
+        lookupd_http_addresses=lookupds(youzan_cluster), sharding=last_digit
+    ) as producer:
+        for i in range(10):
+            result = await producer.publish(topic, b"c", sharding_key=f"k{i}", trace_id=9)
+            assert result is not None
+            assert result.partition == i % 2
+    assert calls == [(f"k{i}", 2) for i in range(10)]
 
 
 async def test_traced_ids_match_what_a_consumer_sees(youzan_cluster, anyio_backend):
