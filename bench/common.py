@@ -11,6 +11,7 @@ import os
 import platform
 import queue
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -514,6 +515,43 @@ def driver_result(rec: dict[str, Any], pr: ProcResult) -> dict[str, Any] | None:
         workload_cpu_s=round(res.get("cpu", 0.0), 3),
     )
     return res
+
+
+def finish_record(rec: dict[str, Any], err: str | None, n: int, stderr: str) -> dict[str, Any]:
+    """Mark a client run ok (no error and some messages) or failed, keep its stderr tail."""
+    rec["ok"] = not err and n > 0
+    if err:
+        rec["error"] = err
+    if stderr.strip():
+        rec["stderr_tail"] = stderr[-600:]
+    return rec
+
+
+def rel(p: str | Path) -> str:
+    """``p`` relative to the repository root when it is inside it (for printed commands)."""
+    try:
+        return str(Path(p).absolute().relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
+def new_results(
+    benchmark: str, args: list[str], quick: bool, rounds: int, params: dict[str, Any]
+) -> tuple[str, Path, dict[str, Any]]:
+    """A time stamp, the results file and its data for one invocation of ``bench.<name>``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    data: dict[str, Any] = {
+        "benchmark": benchmark,
+        "command": shlex.join([rel(sys.executable), "-m", f"bench.{benchmark}", *args]),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "quick": quick,
+        "rounds": rounds,
+        "params": params,
+        "machine": machine_facts(),
+        "git": git_describe(),
+    }
+    return stamp, RESULTS / f"{benchmark}-{stamp}.json", data
 
 
 def save_run(data: dict[str, Any], out: Path, rec: dict[str, Any], label: str) -> None:

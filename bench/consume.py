@@ -35,7 +35,6 @@ from typing import Any
 
 from bench import common as c
 from bench import summarize
-from bench.publish import rel
 
 GO = "bench_reader"
 CHANNEL = "bench"
@@ -167,8 +166,8 @@ def run_client(entry: Entry, p: dict[str, Any], nsqd: c.Nsqd, topic: str) -> dic
         args += ["--variant", entry.variant]
     rec: dict[str, Any] = {
         "cmd": shlex.join(
-            ([f"PYTHONPATH={rel(env['PYTHONPATH'])}"] if "PYTHONPATH" in env else [])
-            + [rel(x) for x in base]
+            ([f"PYTHONPATH={c.rel(env['PYTHONPATH'])}"] if "PYTHONPATH" in env else [])
+            + [c.rel(x) for x in base]
             + args
         )
     }
@@ -287,21 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         if ENTRIES[name].client != GO:
             c.ensure_venv(c.CLIENTS[ENTRIES[name].client], a.python)
 
-    c.RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = c.RESULTS / f"consume-{stamp}.json"
-    data: dict[str, Any] = {
-        "benchmark": "consume",
-        "command": shlex.join([rel(sys.executable), "-m", "bench.consume", *raw]),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "quick": a.quick,
-        "rounds": a.rounds,
-        "params": prm,
-        "machine": c.machine_facts(),
-        "git": c.git_describe(),
-        "labels": {x: ENTRIES[x].label for x in names},
-        "runs": [],
-    }
+    stamp, out, data = c.new_results("consume", raw, a.quick, a.rounds, prm)
+    data["labels"] = {x: ENTRIES[x].label for x in names}
+    data["runs"] = []
     data["python_versions"] = {
         x: c.python_version(c.client_command(c.CLIENTS[ENTRIES[x].client])[0][0])
         for x in names
@@ -313,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         c.nsqd_server(Path(workdir)) as nsqd,
     ):
         data["nsqd_version"] = nsqd.version()
-        c.log(f"{data['nsqd_version']} on {nsqd.tcp}; results -> {rel(out)}")
+        c.log(f"{data['nsqd_version']} on {nsqd.tcp}; results -> {c.rel(out)}")
         for rnd in range(1, a.rounds + 1):
             k = (rnd - 1) % len(names)
             for name in names[k:] + names[:k]:
@@ -336,12 +323,12 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.3)
     data["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     out.write_text(json.dumps(data, indent=1) + "\n")
-    c.log(f"wrote {rel(out)}")
+    c.log(f"wrote {c.rel(out)}")
     section = summarize.consume_section(data)
     print(section)
     if a.md if a.md is not None else not a.quick:
         c.replace_md_section(c.BENCHMARKS_MD, "Consume", section)
-        c.log(f"updated {rel(c.BENCHMARKS_MD)}")
+        c.log(f"updated {c.rel(c.BENCHMARKS_MD)}")
     return 0
 
 

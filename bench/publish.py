@@ -35,13 +35,6 @@ WORKLOADS = ("pub", "mpub", "concurrent")
 GO_BATCH = {"pub": 1, "mpub": 200}  # the ceiling for each workload
 
 
-def rel(p: str | Path) -> str:
-    try:
-        return str(Path(p).absolute().relative_to(c.ROOT))
-    except ValueError:
-        return str(p)
-
-
 def params(quick: bool) -> dict[str, dict[str, Any]]:
     secs = 1.0 if quick else 5.0
     return {
@@ -63,8 +56,8 @@ def run_client(
     cmd = base + args
     rec: dict[str, Any] = {
         "cmd": shlex.join(
-            ([f"PYTHONPATH={rel(env['PYTHONPATH'])}"] if "PYTHONPATH" in env else [])
-            + [rel(x) for x in base]
+            ([f"PYTHONPATH={c.rel(env['PYTHONPATH'])}"] if "PYTHONPATH" in env else [])
+            + [c.rel(x) for x in base]
             + args
         )
     }
@@ -79,12 +72,7 @@ def run_client(
     err = res.get("error")
     if not err and count != res["n"] + res["warmup"]:
         err = f"nsqd counted {count} messages, driver reported {res['n']} + {res['warmup']}"
-    rec["ok"] = not err and res["n"] > 0
-    if err:
-        rec["error"] = err
-    if pr.stderr.strip():
-        rec["stderr_tail"] = pr.stderr[-600:]
-    return rec
+    return c.finish_record(rec, err, res["n"], pr.stderr)
 
 
 def run_go(workload: str, p: dict[str, Any], nsqd: c.Nsqd, topic: str) -> dict[str, Any]:
@@ -146,21 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         if name != GO:
             c.ensure_venv(c.CLIENTS[name], a.python)
 
-    c.RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = c.RESULTS / f"publish-{stamp}.json"
-    interp = rel(sys.executable)
-    data: dict[str, Any] = {
-        "benchmark": "publish",
-        "command": shlex.join([interp, "-m", "bench.publish", *(argv or sys.argv[1:])]),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "quick": a.quick,
-        "rounds": a.rounds,
-        "params": prm,
-        "machine": c.machine_facts(),
-        "git": c.git_describe(),
-        "runs": [],
-    }
+    stamp, out, data = c.new_results("publish", list(argv or sys.argv[1:]), a.quick, a.rounds, prm)
+    data["runs"] = []
     pythons = {}
     for name in names:
         if name != GO:
@@ -173,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         c.nsqd_server(Path(workdir)) as nsqd,
     ):
         data["nsqd_version"] = nsqd.version()
-        c.log(f"{data['nsqd_version']} on {nsqd.tcp}; results -> {rel(out)}")
+        c.log(f"{data['nsqd_version']} on {nsqd.tcp}; results -> {c.rel(out)}")
         for rnd in range(1, a.rounds + 1):
             k = (rnd - 1) % len(names)
             order = names[k:] + names[:k]
@@ -200,11 +175,11 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(0.3)
     data["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     out.write_text(json.dumps(data, indent=1) + "\n")
-    c.log(f"wrote {rel(out)}")
+    c.log(f"wrote {c.rel(out)}")
     print(summarize.publish_section(data))
     if a.md if a.md is not None else not a.quick:
         c.replace_md_section(c.BENCHMARKS_MD, "Publish", summarize.publish_section(data))
-        c.log(f"updated {rel(c.BENCHMARKS_MD)}")
+        c.log(f"updated {c.rel(c.BENCHMARKS_MD)}")
     return 0
 
 

@@ -62,31 +62,24 @@ def _verdict(x: float, target: float) -> str:
     return "**met**" if x >= target else "**NOT met**"
 
 
-def publish_section(data: dict[str, Any]) -> str:
-    runs: list[dict[str, Any]] = data["runs"]
-    clients = list(dict.fromkeys(r["client"] for r in runs))
-    py_clients = [x for x in clients if x != GO]
-    peers = [x for x in py_clients if not x.startswith("smartnsq")]
-    smarts = [x for x in py_clients if x.startswith("smartnsq")]
-    labels = {x.name: x.label for x in c.CLIENTS.values()}
-    m = data["machine"]
-    pv = data.get("python_versions", {})
-    prm = data["params"]
-    rss = {
+def _peak_rss(runs: list[dict[str, Any]], clients: list[str]) -> dict[str, int]:
+    """The largest peak RSS (KiB) over each client's runs (0 if none was measured)."""
+    return {
         x: max(
             (r["max_rss_kb"] for r in runs if r["client"] == x and r.get("max_rss_kb")), default=0
         )
         for x in clients
     }
-    failures = [r for r in runs if not r.get("ok")]
 
-    out: list[str] = []
-    out += [
+
+def _preamble(data: dict[str, Any]) -> list[str]:
+    """Machine, server and Python versions, and the command that produced the results."""
+    m = data["machine"]
+    pythons = ", ".join(sorted(set(data.get("python_versions", {}).values())))
+    return [
         f"Measured {data['started']}{' (quick smoke run)' if data.get('quick') else ''}: "
         f"{m['nproc']} CPUs ({m['cpu_model']}), {m['memory']} RAM, {m['os']}, "
-        f"kernel {m['kernel']}; {data.get('nsqd_version', 'nsqd')}; Python "
-        + ", ".join(sorted(set(pv.values())))
-        + ".",
+        f"kernel {m['kernel']}; {data.get('nsqd_version', 'nsqd')}; Python {pythons}.",
         "",
         "Command (from the repository root):",
         "",
@@ -94,6 +87,22 @@ def publish_section(data: dict[str, Any]) -> str:
         data["command"],
         "```",
         "",
+    ]
+
+
+def publish_section(data: dict[str, Any]) -> str:
+    runs: list[dict[str, Any]] = data["runs"]
+    clients = list(dict.fromkeys(r["client"] for r in runs))
+    py_clients = [x for x in clients if x != GO]
+    peers = [x for x in py_clients if not x.startswith("smartnsq")]
+    smarts = [x for x in py_clients if x.startswith("smartnsq")]
+    labels = {x.name: x.label for x in c.CLIENTS.values()}
+    prm = data["params"]
+    rss = _peak_rss(runs, clients)
+    failures = [r for r in runs if not r.get("ok")]
+
+    out = _preamble(data)
+    out += [
         f"{data['rounds']} interleaved round(s); every cell is the **median [min-max]** in "
         "messages per second; peak RSS is the largest over all of that client's runs.",
         "",
@@ -282,33 +291,15 @@ def consume_section(data: dict[str, Any]) -> str:
     runs: list[dict[str, Any]] = data["runs"]
     clients = list(dict.fromkeys(r["client"] for r in runs))
     labels: dict[str, str] = data.get("labels", {})
-    m = data["machine"]
-    pv = data.get("python_versions", {})
     prm = data["params"]
     n = prm["n"]
     rates = {x: _consume_rates(runs, x) for x in clients}
-    rss = {
-        x: max(
-            (r["max_rss_kb"] for r in runs if r["client"] == x and r.get("max_rss_kb")), default=0
-        )
-        for x in clients
-    }
+    rss = _peak_rss(runs, clients)
     go = rates.get(CONSUME_GO, {})
     failures = [r for r in runs if not r.get("ok")]
 
-    out: list[str] = [
-        f"Measured {data['started']}{' (quick smoke run)' if data.get('quick') else ''}: "
-        f"{m['nproc']} CPUs ({m['cpu_model']}), {m['memory']} RAM, {m['os']}, "
-        f"kernel {m['kernel']}; {data.get('nsqd_version', 'nsqd')}; Python "
-        + ", ".join(sorted(set(pv.values())))
-        + ".",
-        "",
-        "Command (from the repository root):",
-        "",
-        "```",
-        data["command"],
-        "```",
-        "",
+    out = _preamble(data)
+    out += [
         f"{data['rounds']} interleaved round(s) of {n:,} pre-filled 100-byte messages, "
         f"max_in_flight {prm['mif']}, every message FINed; rate = messages / (consumer "
         "start to channel drained in nsqd's stats). Cells are the **median [min-max]** in "

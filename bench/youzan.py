@@ -65,13 +65,6 @@ MIF = {"ordered": 16, "unordered": 2500}
 T = TypeVar("T")
 
 
-def rel(p: str | Path) -> str:
-    try:
-        return str(Path(p).absolute().relative_to(c.ROOT))
-    except ValueError:
-        return str(p)
-
-
 def params(quick: bool, n_ordered: int | None, n_unordered: int | None) -> dict[str, Any]:
     secs = 1.0 if quick else 5.0
     return {
@@ -155,7 +148,7 @@ def driver_cmd(workload: str, lookupd: str, topic: str, args: dict[str, Any]) ->
 
 
 def show_cmd(cmd: list[str]) -> str:
-    return shlex.join(["PYTHONPATH=.", *(rel(x) for x in cmd)])
+    return shlex.join(["PYTHONPATH=.", *(c.rel(x) for x in cmd)])
 
 
 def driver_env() -> dict[str, str]:
@@ -230,12 +223,7 @@ def run_case(
             err = f"nsqd counted {st.message_count} messages, driver reported {expected_extra}"
     if not err and st.partitions != PARTITIONS:
         err = f"topic has {st.partitions} partitions in nsqd stats, expected {PARTITIONS}"
-    rec["ok"] = not err and res["n"] > 0
-    if err:
-        rec["error"] = err
-    if pr.stderr.strip():
-        rec["stderr_tail"] = pr.stderr[-600:]
-    return rec
+    return c.finish_record(rec, err, res["n"], pr.stderr)
 
 
 # ---------------------------------------------------------------- report
@@ -465,21 +453,9 @@ def main(argv: list[str] | None = None) -> int:
         a.rounds = 1
     prm = params(a.quick, a.n_ordered, a.n_unordered)
 
-    c.RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = c.RESULTS / f"youzan-{stamp}.json"
-    data: dict[str, Any] = {
-        "benchmark": "youzan",
-        "command": shlex.join([rel(sys.executable), "-m", "bench.youzan", *args]),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "quick": a.quick,
-        "rounds": a.rounds,
-        "params": prm,
-        "machine": c.machine_facts(),
-        "git": c.git_describe(),
-        "python": c.python_version(sys.executable),
-        "runs": [],
-    }
+    stamp, out, data = c.new_results("youzan", list(args), a.quick, a.rounds, prm)
+    data["python"] = c.python_version(sys.executable)
+    data["runs"] = []
     with (
         tempfile.TemporaryDirectory(prefix="bench-youzan-") as workdir,
         youzan_cluster(Path(workdir)) as cluster,
@@ -488,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         data["server_version"] = (http_json(f"http://{d0.http}/info", timeout=5.0) or {}).get(
             "version", "?"
         )
-        c.log(f"youzan cluster: lookupd {cluster.lookupd[0].http}; results -> {rel(out)}")
+        c.log(f"youzan cluster: lookupd {cluster.lookupd[0].http}; results -> {c.rel(out)}")
         for rnd in range(1, a.rounds + 1):
             k = (rnd - 1) % len(CASES)
             order = CASES[k:] + CASES[:k]
@@ -508,13 +484,13 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.3)
     data["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     out.write_text(json.dumps(data, indent=1) + "\n")
-    c.log(f"wrote {rel(out)}")
+    c.log(f"wrote {c.rel(out)}")
     classic = _classic_smartnsq(c.BENCHMARKS_MD.read_text()) if c.BENCHMARKS_MD.exists() else {}
     body = section(data, classic)
     print(body)
     if a.md if a.md is not None else not a.quick:
         c.replace_md_section(c.BENCHMARKS_MD, SECTION, body)  # re-reads the file first
-        c.log(f"updated {rel(c.BENCHMARKS_MD)}")
+        c.log(f"updated {c.rel(c.BENCHMARKS_MD)}")
     return 0
 
 
