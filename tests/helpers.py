@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import time
 import urllib.request
 from collections.abc import Callable
@@ -20,6 +21,16 @@ T = TypeVar("T")
 # asyncio with uvloop's event loop: its transports are not asyncio.Transport subclasses
 UVLOOP = pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")
 EVERY_LOOP = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio", UVLOOP])
+
+
+def unique(prefix: str) -> str:
+    """A fresh topic (or channel) name for one test."""
+    return f"{prefix}_{random.getrandbits(40):x}"
+
+
+def lookupds(cluster: Any) -> list[str]:
+    """The HTTP addresses of a compat cluster's lookupds."""
+    return [d.http for d in cluster.lookupd]
 
 
 def http_json(url: str, method: str = "GET") -> Any:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -16,23 +15,13 @@ import pytest
 from smartnsq import Consumer, Message, Producer
 from smartnsq.errors import NSQTimeout
 from smartnsq.protocol import FRAME_RESPONSE, encode_frame
-from tests.helpers import channel_stats, create_channel, http_json
+from tests.helpers import channel_stats, create_channel, http_json, unique, wait_until
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.anyio,
     pytest.mark.parametrize("anyio_backend", ["asyncio"]),
 ]
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}_{random.getrandbits(32):x}"
-
-
-async def until(predicate, timeout: float = 20.0) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.02)
 
 
 async def test_auto_touch_keeps_a_long_handler_alive(classic_cluster, anyio_backend):
@@ -50,7 +39,7 @@ async def test_auto_touch_keeps_a_long_handler_alive(classic_cluster, anyio_back
     async with Consumer(
         topic, "ch", handle, nsqd_tcp_addresses=[nsqd.tcp], msg_timeout=2, auto_touch=True
     ) as consumer:
-        await until(lambda: consumer.stats().finished == 1, 15)
+        await wait_until(lambda: consumer.stats().finished == 1, 15)
     stats = channel_stats(nsqd.http, topic, "ch")
     assert stats is not None
     assert attempts == [1]
@@ -73,7 +62,7 @@ async def test_without_auto_touch_the_server_times_the_message_out(classic_clust
     async with Consumer(
         topic, "ch", handle, nsqd_tcp_addresses=[nsqd.tcp], msg_timeout=2, max_in_flight=2
     ):
-        await until(lambda: 2 in attempts, 15)
+        await wait_until(lambda: 2 in attempts, 15)
     stats = channel_stats(nsqd.http, topic, "ch")
     assert stats is not None and stats["timeout_count"] >= 1  # the control for the test above
 
@@ -96,7 +85,7 @@ async def test_handler_concurrency_is_bounded(classic_cluster, anyio_backend):
     async with Consumer(
         topic, "ch", handle, nsqd_tcp_addresses=[nsqd.tcp], max_in_flight=50, concurrency=3
     ):
-        await until(lambda: done >= 60)
+        await wait_until(lambda: done >= 60, 20)
     assert peak == 3
 
 
@@ -138,7 +127,7 @@ async def test_broken_lookupds_do_not_stop_discovery(
         lookupd_poll_interval=0.2,
         lookupd_poll_jitter=0.1,
     ):
-        await until(lambda: len(got) == 3)
+        await wait_until(lambda: len(got) == 3, 20)
         await anyio.sleep(1.0)  # several more polls: the broken lookupds must not be re-logged
     warnings = [r.getMessage() for r in caplog.records if "lookupd" in r.getMessage()]
     assert sum("127.0.0.1:1" in w for w in warnings) == 1

@@ -17,7 +17,7 @@ from compat.cluster import Cluster
 from compat.pytest_plugin import require_youzan_binaries
 from compat.youzan import create_topic
 from smartnsq import Consumer, Message, Producer
-from tests.helpers import UVLOOP, create_channel
+from tests.helpers import UVLOOP, create_channel, lookupds, wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -48,16 +48,6 @@ def new_topic(cluster: Cluster, prefix: str) -> str:
     return topic
 
 
-def lookupds(cluster: Cluster) -> list[str]:
-    return [d.http for d in cluster.lookupd]
-
-
-async def until(predicate, timeout: float = 30) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.02)
-
-
 async def test_publish_and_consume_exactly_once(cluster, anyio_backend):
     topic = new_topic(cluster, "once")
     bodies = [b"m%d" % i for i in range(1000)]
@@ -73,7 +63,7 @@ async def test_publish_and_consume_exactly_once(cluster, anyio_backend):
     async with Consumer(
         topic, "ch", handle, lookupd_http_addresses=lookupds(cluster), max_in_flight=100
     ) as consumer:
-        await until(lambda: sum(seen.values()) >= len(bodies))
+        await wait_until(lambda: sum(seen.values()) >= len(bodies), 30)
         assert consumer.stats().connections == 2
     assert set(seen) == set(bodies) and max(seen.values()) == 1
 
@@ -97,7 +87,7 @@ async def test_concurrent_publishers(cluster, anyio_backend):
         lookupd_http_addresses=lookupds(cluster),
         max_in_flight=50,
     ):
-        await until(lambda: len(got) >= 400)
+        await wait_until(lambda: len(got) >= 400, 30)
 
 
 async def test_requeue_redelivers_with_more_attempts(cluster, anyio_backend):
@@ -119,7 +109,7 @@ async def test_requeue_redelivers_with_more_attempts(cluster, anyio_backend):
         requeue_delay=0,
         backoff=False,
     ) as consumer:
-        await until(lambda: consumer.stats().finished == 1)
+        await wait_until(lambda: consumer.stats().finished == 1, 30)
     assert attempts == [1, 2]
 
 
@@ -142,8 +132,8 @@ async def test_giving_up_after_max_attempts(cluster, anyio_backend):
         max_attempts=2,
         on_giving_up=lambda m: gave_up.append(m.attempts),
     ) as consumer:
-        await until(lambda: gave_up)
-        await until(lambda: consumer.stats().in_flight == 0)
+        await wait_until(lambda: gave_up, 30)
+        await wait_until(lambda: consumer.stats().in_flight == 0, 30)
     assert gave_up == [3]
 
 
@@ -158,11 +148,11 @@ async def test_manual_answers_and_touch(cluster, anyio_backend):
         held.append(message)
 
     async with Consumer(topic, "ch", handle, lookupd_http_addresses=lookupds(cluster)) as consumer:
-        await until(lambda: held)
+        await wait_until(lambda: held, 30)
         assert consumer.stats().in_flight == 1
         held[0].touch()
         held[0].finish()
-        await until(lambda: consumer.stats().in_flight == 0)
+        await wait_until(lambda: consumer.stats().in_flight == 0, 30)
         assert consumer.stats().finished == 1
 
 
@@ -196,7 +186,7 @@ async def test_graceful_stop_loses_nothing(cluster, anyio_backend):
     async with Consumer(
         topic, "ch", slow, lookupd_http_addresses=lookupds(cluster), max_in_flight=20
     ):
-        await until(lambda: len(first) >= 40)
+        await wait_until(lambda: len(first) >= 40, 30)
     second: set[bytes] = set()
     async with Consumer(
         topic,
@@ -205,5 +195,5 @@ async def test_graceful_stop_loses_nothing(cluster, anyio_backend):
         lookupd_http_addresses=lookupds(cluster),
         max_in_flight=50,
     ):
-        await until(lambda: first | second >= bodies)
+        await wait_until(lambda: first | second >= bodies, 30)
     assert not first & second

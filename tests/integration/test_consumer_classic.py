@@ -7,7 +7,6 @@ from nsqd's HTTP ``/stats``.
 
 from __future__ import annotations
 
-import random
 import signal
 import time
 from collections import Counter
@@ -18,7 +17,7 @@ import pytest
 
 from smartnsq import Consumer, Producer
 from smartnsq.errors import InvalidArgument, InvalidChannel, InvalidTopic, NSQError
-from tests.helpers import EVERY_LOOP, channel_stats, create_channel, wait_until
+from tests.helpers import EVERY_LOOP, channel_stats, create_channel, unique, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -26,10 +25,6 @@ asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}_{random.getrandbits(40):x}"
 
 
 def chan(http: str, topic: str, channel: str) -> dict[str, Any]:
@@ -73,6 +68,17 @@ async def publish(tcp: str, topic: str, bodies: list[bytes]) -> None:
 
 def bodies_for(prefix: str, n: int) -> list[bytes]:
     return [f"{prefix}-{i}".encode() for i in range(n)]
+
+
+async def fill_every_nsqd(cluster: Any, topic: str, channel: str, per: int) -> list[bytes]:
+    """Create the channel on every nsqd and publish ``per`` distinct bodies to each."""
+    expected: list[bytes] = []
+    for i, d in enumerate(cluster.nsqd):
+        create_channel(d.http, topic, channel)
+        bodies = bodies_for(f"n{i}", per)
+        expected += bodies
+        await publish(d.tcp, topic, bodies)
+    return expected
 
 
 # --------------------------------------------------------------------------- basic
@@ -127,12 +133,7 @@ async def test_lookupd_three_nsqd_every_message_exactly_once(cluster_factory, an
     cluster = cluster_factory("classic", nsqd=3, lookupd=2)
     topic, ch = unique("many"), "c"
     per = 10_000
-    expected: list[bytes] = []
-    for i, d in enumerate(cluster.nsqd):
-        create_channel(d.http, topic, ch)
-        bodies = bodies_for(f"n{i}", per)
-        expected += bodies
-        await publish(d.tcp, topic, bodies)
+    expected = await fill_every_nsqd(cluster, topic, ch, per)
     for d in cluster.nsqd:  # the topic copies messages to the channel asynchronously
         await wait_until(
             lambda d=d: chan(d.http, topic, ch).get("depth") == per,
@@ -173,12 +174,7 @@ async def test_max_in_flight_below_connection_count_drains_all(cluster_factory, 
     cluster = cluster_factory("classic", nsqd=3)
     topic, ch = unique("lowrdy"), "c"
     per = 300
-    expected: list[bytes] = []
-    for i, d in enumerate(cluster.nsqd):
-        create_channel(d.http, topic, ch)
-        bodies = bodies_for(f"n{i}", per)
-        expected += bodies
-        await publish(d.tcp, topic, bodies)
+    expected = await fill_every_nsqd(cluster, topic, ch, per)
     seen: Counter[bytes] = Counter()
     running = 0
     max_running = 0

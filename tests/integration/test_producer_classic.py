@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 import signal
 import ssl
 import threading
@@ -27,13 +26,17 @@ from smartnsq.errors import (
     NSQError,
 )
 from smartnsq.protocol import commands
-from tests.helpers import EVERY_LOOP, channel_stats, create_channel, drain, topic_stats, wait_for
+from tests.helpers import (
+    EVERY_LOOP,
+    channel_stats,
+    create_channel,
+    drain,
+    topic_stats,
+    unique,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}_{random.getrandbits(40):x}"
 
 
 async def test_pub_mpub_arrive(classic_cluster, anyio_backend):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import signal
 from collections import defaultdict
 
@@ -15,26 +14,13 @@ from compat.youzan import create_topic
 from smartnsq import Consumer, Message, Producer
 from smartnsq.errors import SubOrderRequired
 from smartnsq.trace import JsonFormatter
+from tests.helpers import lookupds, unique, wait_until
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.anyio,
     pytest.mark.parametrize("anyio_backend", ["asyncio"]),
 ]
-
-
-def lookupds(cluster) -> list[str]:
-    return [d.http for d in cluster.lookupd]
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}_{random.getrandbits(32):x}"
-
-
-async def wait_until(predicate, timeout: float, what: str) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.05)
 
 
 async def test_ordered_topic_keys_stay_in_order(youzan_cluster, anyio_backend):

@@ -16,7 +16,7 @@ from smartnsq.errors import ExtNotSupported, NotSupported, TopicNotFound
 from smartnsq.ordered import go_partition, java_partition
 from smartnsq.protocol import MessageLayout, commands
 from smartnsq.trace import JsonFormatter
-from tests.helpers import drain
+from tests.helpers import drain, lookupds
 
 pytestmark = [
     pytest.mark.integration,
@@ -33,10 +33,6 @@ def topic2(youzan_cluster):
         int(p): f"{n['broadcast_address']}:{n['tcp_port']}" for p, n in info["partitions"].items()
     }
     return topic, nodes
-
-
-def lookupds(cluster) -> list[str]:
-    return [d.http for d in cluster.lookupd]
 
 
 async def test_round_robin_over_partitions_and_traced_results(
