@@ -358,17 +358,18 @@ class Producer:
         plain = trace_ids is None and partition is None and sharding_key is None
         if not plain:
             self._check_routing(partition, sharding_key)
+        same = lens[0] if uniform else None
         results: list[PublishResult] = []
         done = 0
         for start, end in batches:
             batch = checked[start:end]
             try:
                 if plain and self._lookup is None:
-                    await self._send(_mpub(topic, batch, lens[start:end], uniform), timeout)
+                    await self._send(commands.mpub(topic, batch, None, same), timeout)
                 elif trace_ids is None:
                     await self._send_routed(
                         topic,
-                        partial(commands.mpub, topic, batch),
+                        partial(commands.mpub, topic, batch, size=same),
                         partition,
                         sharding_key,
                         timeout,
@@ -629,20 +630,6 @@ class Producer:
             node.connections.remove(conn)
         if not self._closed and isinstance(conn.close_reason, ConnectionClosed):
             log.warning("connection to nsqd %s lost: %s", node.address, conn.close_reason)
-
-
-def _mpub(topic: str, batch: list[bytes], sizes: list[int], uniform: bool) -> bytes:
-    if uniform:  # same-size bodies: one join
-        sep = _pack_u32(sizes[0])
-        body = sep + sep.join(batch)
-    else:
-        parts: list[bytes] = [b""] * (2 * len(batch))
-        parts[0::2] = map(_pack_u32, sizes)
-        parts[1::2] = batch
-        body = b"".join(parts)
-    return b"".join(
-        (b"MPUB %s\n" % topic.encode(), _pack_u32(len(body) + 4), _pack_u32(len(batch)), body)
-    )
 
 
 def _pending(conn: Connection) -> int:

@@ -109,17 +109,21 @@ def dpub(topic: str, delay_ms: int, body: bytes) -> bytes:
     return _with_body(_line(b"DPUB", topic, int(delay_ms)), body)
 
 
-def mpub_body(bodies: Sequence[bytes]) -> bytes:
-    parts = [_pack_u32(len(bodies))]
-    append = parts.append
-    for b in bodies:
-        append(_pack_u32(len(b)))
-        append(b)
+def mpub_body(bodies: Sequence[bytes], size: int | None = None) -> bytes:
+    """``size``: every body's length, when the caller knows they are all that long."""
+    count = _pack_u32(len(bodies))
+    if size is not None:  # same-size bodies (common in bulk): one join, no per-body work
+        return _pack_u32(size).join([count, *bodies])
+    parts: list[bytes] = [count] * (2 * len(bodies) + 1)
+    parts[1::2] = map(_pack_u32, map(len, bodies))
+    parts[2::2] = bodies
     return b"".join(parts)
 
 
-def mpub(topic: str, bodies: Sequence[bytes], partition: int | None = None) -> bytes:
-    return _with_body(_line(b"MPUB", topic, partition), mpub_body(bodies))
+def mpub(
+    topic: str, bodies: Sequence[bytes], partition: int | None = None, size: int | None = None
+) -> bytes:
+    return _with_body(_line(b"MPUB", topic, partition), mpub_body(bodies, size))
 
 
 def pub_trace(topic: str, body: bytes, trace_id: int, partition: int | None = None) -> bytes:

@@ -91,6 +91,16 @@ def test_mpub_round_trip(bodies):
     assert decode_mpub(body_of(rest)) == bodies
 
 
+@given(st.integers(1, 40), st.integers(1, 30), st.sampled_from([None, 3]))
+def test_mpub_of_same_size_bodies(size, count, partition):
+    bodies = [bytes([i % 256]) * size for i in range(count)]
+    fast = c.mpub("t", bodies, partition, size)
+    assert fast == c.mpub("t", bodies, partition)
+    line, rest = split_line(fast)
+    assert line == (b"MPUB t" if partition is None else b"MPUB t 3")
+    assert decode_mpub(body_of(rest)) == bodies
+
+
 @given(st.binary(min_size=1, max_size=50), st.integers(0, 2**64 - 1))
 def test_pub_trace(body, trace_id):
     line, rest = split_line(c.pub_trace("t", body, trace_id, 0))
