@@ -7,6 +7,7 @@ from nsqd's HTTP ``/stats``.
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from collections import Counter
@@ -15,9 +16,17 @@ from typing import Any
 import anyio
 import pytest
 
+from compat.cluster import free_port
 from smartnsq import Consumer, Producer
 from smartnsq.errors import InvalidArgument, InvalidChannel, InvalidTopic, NSQError
-from tests.helpers import EVERY_LOOP, channel_stats, create_channel, unique, wait_until
+from tests.helpers import (
+    EVERY_LOOP,
+    channel_stats,
+    create_channel,
+    http_json,
+    unique,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -799,3 +808,109 @@ async def test_set_max_in_flight_zero_pauses(classic_cluster, anyio_backend):
         await wait_until(lambda: len(got) == 10, 10, "the 5 paused messages handled")
         await wait_until(lambda: drained(nsqd.http, topic, ch), 5, "channel drained")
     assert sorted(got) == sorted(bodies_for("a", 5) + bodies_for("b", 5))
+
+
+# ------------------------------------------------------------- discovery and write details
+
+
+@asyncio_only
+async def test_nsqd_no_lookupd_lists_any_more_is_disconnected(cluster_factory, anyio_backend):
+    cluster = cluster_factory("classic", nsqd=2)
+    topic, ch = unique("gone"), "c"
+    await fill_every_nsqd(cluster, topic, ch, 10)
+    got: set[bytes] = set()
+    lookupd = cluster.lookupd[0].http
+    async with Consumer(
+        topic,
+        ch,
+        lambda m: got.add(m.body),
+        lookupd_http_addresses=[lookupd],
+        lookupd_poll_interval=0.3,
+        lookupd_poll_jitter=0.1,
+    ) as c:
+        await wait_until(lambda: c.stats().connections == 2, 10, "2 connections")
+        gone = cluster.nsqd[1]
+        # nsqlookupd leaves a tombstoned producer out of every lookup of the topic
+        http_json(
+            f"http://{lookupd}/topic/tombstone?topic={topic}&node={gone.http}",
+            method="POST",
+        )
+        await wait_until(lambda: c.stats().connections == 1, 10, "the unlisted nsqd dropped")
+        await wait_until(
+            lambda: not chan(gone.http, topic, ch).get("clients"), 10, "no client left on it"
+        )
+        assert chan(cluster.nsqd[0].http, topic, ch).get("clients")
+
+
+@asyncio_only
+async def test_a_dropped_connection_requeries_lookupd_at_once(cluster_factory, anyio_backend):
+    cluster = cluster_factory("classic", nsqd=2)
+    topic, ch = unique("requery"), "c"
+    first, later = cluster.nsqd
+    create_channel(first.http, topic, ch)
+    got: set[bytes] = set()
+    async with Consumer(
+        topic,
+        ch,
+        lambda m: got.add(m.body),
+        lookupd_http_addresses=[cluster.lookupd[0].http],
+        lookupd_poll_interval=300,  # the regular poll never comes during this test
+        reconnect_min=5,
+    ) as c:
+        await wait_until(lambda: c.stats().connections == 1, 10, "1 connection")
+        create_channel(later.http, topic, ch)  # the topic appears on a second nsqd
+        bodies = bodies_for("later", 5)
+        await publish(later.tcp, topic, bodies)
+        cluster.kill_nsqd(0, signal=signal.SIGKILL)
+        # only a lookup made because the connection dropped can find the second nsqd now
+        await wait_until(lambda: set(bodies) <= got, 15, "messages from the nsqd found by re-query")
+
+
+async def test_reconnect_failures_are_logged_once_then_quietly(anyio_backend, caplog):
+    down = f"127.0.0.1:{free_port()}"  # nothing listens there
+    caplog.set_level(logging.DEBUG, logger="smartnsq.consumer")
+
+    def attempts() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if down in r.getMessage() and "attempt" in r.getMessage()]
+
+    async with Consumer(
+        "t", "c", lambda m: None, nsqd_tcp_addresses=[down], reconnect_min=0.01, reconnect_max=0.02
+    ):
+        await wait_until(lambda: len(attempts()) >= 5, 10, "5 failed connection attempts")
+    levels = [r.levelno for r in attempts()]
+    assert levels[0] == logging.WARNING
+    assert set(levels[1:]) == {logging.DEBUG}
+
+
+@asyncio_only
+async def test_fins_of_one_read_go_out_in_one_write(classic_cluster, anyio_backend):
+    nsqd = classic_cluster.nsqd[0]
+    topic, ch = unique("fins"), "c"
+    create_channel(nsqd.http, topic, ch)
+    n = 2000
+    await publish(nsqd.tcp, topic, bodies_for("f", n))
+    await wait_until(lambda: chan(nsqd.http, topic, ch).get("depth") == n, 10, f"{n} queued")
+    writes = 0
+    handled = 0
+
+    def handler(message: Any) -> None:
+        nonlocal handled
+        handled += 1
+
+    async with Consumer(topic, ch, handler, nsqd_tcp_addresses=[nsqd.tcp], max_in_flight=2500) as c:
+        await wait_until(lambda: c.stats().connections == 1, 10, "connected")
+        # count what reaches the socket transport from here on (SUB and the first RDY are out)
+        (reader,) = c._readers.values()
+        transport = reader.conn._link._transport
+        write = transport.write
+
+        def counting_write(data: bytes) -> None:
+            nonlocal writes
+            writes += 1
+            write(data)
+
+        transport.write = counting_write
+        await wait_until(lambda: drained(nsqd.http, topic, ch), 20, "all finished")
+    assert handled == n
+    assert chan(nsqd.http, topic, ch)["message_count"] == n
+    assert writes <= n // 10, f"{writes} writes for {n} FINs"
