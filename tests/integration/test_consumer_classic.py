@@ -11,6 +11,7 @@ import logging
 import signal
 import time
 from collections import Counter
+from itertools import pairwise
 from typing import Any
 
 import anyio
@@ -866,18 +867,26 @@ async def test_a_dropped_connection_requeries_lookupd_at_once(cluster_factory, a
         await wait_until(lambda: set(bodies) <= got, 15, "messages from the nsqd found by re-query")
 
 
-async def test_reconnect_failures_are_logged_once_then_quietly(anyio_backend, caplog):
+async def test_reconnects_back_off_exponentially_with_a_cap_and_log_once(anyio_backend, caplog):
     down = f"127.0.0.1:{free_port()}"  # nothing listens there
     caplog.set_level(logging.DEBUG, logger="smartnsq.consumer")
 
     def attempts() -> list[logging.LogRecord]:
         return [r for r in caplog.records if down in r.getMessage() and "attempt" in r.getMessage()]
 
+    # delay before attempt k+1: min(0.3, 0.02 * 2**k) * uniform(0.5, 1)
     async with Consumer(
-        "t", "c", lambda m: None, nsqd_tcp_addresses=[down], reconnect_min=0.01, reconnect_max=0.02
+        "t", "c", lambda m: None, nsqd_tcp_addresses=[down], reconnect_min=0.02, reconnect_max=0.3
     ):
-        await wait_until(lambda: len(attempts()) >= 5, 10, "5 failed connection attempts")
-    levels = [r.levelno for r in attempts()]
+        await wait_until(lambda: len(attempts()) >= 12, 20, "12 failed connection attempts")
+    records = attempts()[:12]
+    gaps = [b.created - a.created for a, b in pairwise(records)]
+    assert min(gaps[:2]) < 0.12, gaps  # starts small: 0.01-0.08 s (plus the failed connect)
+    assert gaps[-1] >= 0.14, gaps  # and grows to the cap's 0.15-0.3 s
+    assert max(gaps) < 1.2, gaps  # uncapped, the 7th wait alone would be 1.28-2.56 s
+    capped = gaps[4:]  # 7 waits of 0.3 s x uniform(0.5, 1): jitter spreads them out
+    assert max(capped) - min(capped) > 0.01, capped
+    levels = [r.levelno for r in records]
     assert levels[0] == logging.WARNING
     assert set(levels[1:]) == {logging.DEBUG}
 
