@@ -923,3 +923,32 @@ async def test_fins_of_one_read_go_out_in_one_write(classic_cluster, anyio_backe
     assert handled == n
     assert chan(nsqd.http, topic, ch)["message_count"] == n
     assert writes <= n // 10, f"{writes} writes for {n} FINs"
+
+
+@asyncio_only
+async def test_producers_are_the_union_of_every_lookupd_answer(cluster_factory, anyio_backend):
+    cluster = cluster_factory("classic", nsqd=2, lookupd=2)
+    topic, ch = unique("union"), "c"
+    expected = await fill_every_nsqd(cluster, topic, ch, 20)
+    l0, l1 = (d.http for d in cluster.lookupd)
+    n0, n1 = cluster.nsqd
+    for lookupd in (l0, l1):
+        await wait_until(
+            lambda lookupd=lookupd: (
+                len(http_json(f"http://{lookupd}/lookup?topic={topic}")["producers"]) == 2
+            ),
+            10,
+            f"both nsqd registered with {lookupd}",
+        )
+    # each lookupd now tells about one nsqd only: l0 about n0, l1 about n1
+    http_json(f"http://{l0}/topic/tombstone?topic={topic}&node={n1.http}", method="POST")
+    http_json(f"http://{l1}/topic/tombstone?topic={topic}&node={n0.http}", method="POST")
+    for lookupd, left in ((l0, n0), (l1, n1)):
+        producers = http_json(f"http://{lookupd}/lookup?topic={topic}")["producers"]
+        assert [p["http_port"] for p in producers] == [int(left.http.rsplit(":", 1)[1])]
+    got: set[bytes] = set()
+    async with Consumer(
+        topic, ch, lambda m: got.add(m.body), lookupd_http_addresses=[l0, l1], max_in_flight=10
+    ) as c:
+        await wait_until(lambda: c.stats().connections == 2, 10, "connections to both nsqd")
+        await wait_until(lambda: got == set(expected), 20, "every message from both nsqd")
