@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from itertools import pairwise
 
 import anyio
 import pytest
@@ -132,6 +136,48 @@ async def test_broken_lookupds_do_not_stop_discovery(
     warnings = [r.getMessage() for r in caplog.records if "lookupd" in r.getMessage()]
     assert sum("127.0.0.1:1" in w for w in warnings) == 1
     assert sum(garbage_lookupd in w for w in warnings) == 1
+
+
+async def test_lookupd_polls_are_jittered(classic_cluster, anyio_backend):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("jitter")
+    create_channel(nsqd.http, topic, "ch")
+    real = classic_cluster.lookupd[0].http
+    polls: list[float] = []
+
+    class Counting(BaseHTTPRequestHandler):  # forwards to the real lookupd, notes each lookup
+        def do_GET(self) -> None:
+            if self.path.startswith("/lookup"):
+                polls.append(time.monotonic())
+            try:
+                with urllib.request.urlopen(f"http://{real}{self.path}", timeout=5) as resp:
+                    body, status = resp.read(), resp.status
+            except urllib.error.HTTPError as exc:  # e.g. 404 for /listlookup on classic
+                body, status = exc.read(), exc.code
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Counting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        async with Consumer(
+            topic,
+            "ch",
+            lambda m: None,
+            lookupd_http_addresses=[f"127.0.0.1:{server.server_address[1]}"],
+            lookupd_poll_interval=2.0,  # polls are at least 1 s apart whatever this says
+            lookupd_poll_jitter=0.5,
+        ):
+            await wait_until(lambda: len(polls) >= 5, 30, "5 lookups")
+    finally:
+        server.shutdown()
+    gaps = [b - a for a, b in pairwise(polls[:5])]
+    assert all(0.95 < g < 3.5 for g in gaps), gaps  # 2 s x uniform(0.5, 1.5)
+    assert max(gaps) - min(gaps) > 0.02, gaps  # without jitter they would all be ~2 s
 
 
 async def test_producer_connection_pool(classic_cluster, anyio_backend):
