@@ -683,6 +683,45 @@ async def test_non_fatal_fin_errors_keep_connection(classic_cluster, anyio_backe
         assert c.stats().connections == 1
 
 
+@asyncio_only
+async def test_fatal_error_closes_the_connection_and_reconnect_takes_over(
+    classic_cluster, anyio_backend, caplog
+):
+    nsqd = classic_cluster.nsqd[0]
+    topic, ch = unique("fatal"), "c"
+    create_channel(nsqd.http, topic, ch)
+    got: set[bytes] = set()
+    caplog.set_level(logging.WARNING, logger="smartnsq")
+    async with Consumer(
+        topic,
+        ch,
+        lambda m: got.add(m.body),
+        nsqd_tcp_addresses=[nsqd.tcp],
+        max_in_flight=5,
+        reconnect_min=0.05,
+    ) as c:
+        await wait_until(lambda: c.stats().connections == 1, 10, "connected")
+        first = only_client(nsqd.http, topic, ch)
+        assert first is not None
+        (reader,) = c._readers.values()
+        reader.write(b"RDY 999999\n")  # over max_rdy_count: nsqd answers E_INVALID, fatal
+        await wait_until(
+            lambda: any("E_INVALID" in r.getMessage() for r in caplog.records), 10, "E_INVALID"
+        )
+        await wait_until(
+            lambda: (
+                (cl := only_client(nsqd.http, topic, ch)) is not None
+                and cl["remote_address"] != first["remote_address"]
+            ),
+            10,
+            "a new connection replacing the closed one",
+        )
+        bodies = bodies_for("after", 20)
+        await publish(nsqd.tcp, topic, bodies)
+        await wait_until(lambda: set(bodies) <= got, 10, "consuming again")
+        assert c.stats().connections == 1
+
+
 # --------------------------------------------------------------------------- 10. bad config
 
 
