@@ -109,11 +109,8 @@ def dpub(topic: str, delay_ms: int, body: bytes) -> bytes:
     return _with_body(_line(b"DPUB", topic, int(delay_ms)), body)
 
 
-def mpub_body(bodies: Sequence[bytes], size: int | None = None) -> bytes:
-    """``size``: every body's length, when the caller knows they are all that long."""
+def mpub_body(bodies: Sequence[bytes]) -> bytes:
     count = _pack_u32(len(bodies))
-    if size is not None:  # same-size bodies (common in bulk): one join, no per-body work
-        return _pack_u32(size).join([count, *bodies])
     parts: list[bytes] = [count] * (2 * len(bodies) + 1)
     parts[1::2] = map(_pack_u32, map(len, bodies))
     parts[2::2] = bodies
@@ -123,7 +120,14 @@ def mpub_body(bodies: Sequence[bytes], size: int | None = None) -> bytes:
 def mpub(
     topic: str, bodies: Sequence[bytes], partition: int | None = None, size: int | None = None
 ) -> bytes:
-    return _with_body(_line(b"MPUB", topic, partition), mpub_body(bodies, size))
+    """``size``: every body's length, when the caller knows they are all that long (common
+    in bulk): then the whole command is one join, with no per-body work."""
+    line = _line(b"MPUB", topic, partition)
+    if size is not None:
+        n = len(bodies)
+        head = line + _pack_u32(4 + n * (4 + size)) + _pack_u32(n)
+        return _pack_u32(size).join([head, *bodies])
+    return _with_body(line, mpub_body(bodies))
 
 
 def pub_trace(topic: str, body: bytes, trace_id: int, partition: int | None = None) -> bytes:

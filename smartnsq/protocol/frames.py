@@ -29,6 +29,8 @@ Frame = tuple[int, bytes]
 
 Span = tuple[int, int, int]  # (frame type, start, end) of the frame data within a buffer
 
+OK_FRAME = _HEAD.pack(4 + len(OK), FRAME_RESPONSE) + OK  # the whole frame of a plain "OK"
+
 
 class FrameDecoder:
     """Splits a byte stream into frames.
@@ -48,6 +50,11 @@ class FrameDecoder:
         # How many of the spans the last feed_spans() returned are not message frames: a
         # consumer's reads are usually all messages, and 0 here lets it skip sorting them.
         self.others = 0
+
+    @property
+    def idle(self) -> bool:
+        """Nothing buffered: the next byte fed starts a frame."""
+        return not self._buf
 
     def feed_spans(self, data: bytes, limit: int = -1) -> tuple[bytes, list[Span]]:
         """Buffer ``data``; return a buffer and the spans of the complete frames in it.
