@@ -19,7 +19,7 @@ import socket
 import ssl
 import zlib
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,8 @@ from smartnsq.protocol.frames import (
     FRAME_MESSAGE,
     FRAME_RESPONSE,
     HEARTBEAT,
+    OK,
+    OK_FRAME,
     FrameDecoder,
     Span,
 )
@@ -284,8 +286,8 @@ class _FutureWaiter:
     def wake(self) -> None:
         self.future.wake()
 
-    async def wait(self) -> bytes:
-        return await self.future
+    def wait(self) -> Awaitable[bytes]:
+        return self.future  # awaited directly: no coroutine frame in between
 
 
 _Waiter = _EventWaiter | _FutureWaiter
@@ -502,6 +504,17 @@ class Connection:
                     waiter.set(b"", NSQTimeout(f"nsqd {self.address} did not answer in time"))
 
     def _on_data(self, data: bytes) -> None:
+        if (  # a lone OK for the oldest request (a publisher's usual read): no decoding
+            data == OK_FRAME
+            and self._waiters
+            and self.before_read is None
+            and self._decompress is None
+            and self._decoder.idle
+        ):
+            waiter = self._waiters.popleft()
+            waiter.resolve(OK, None)
+            waiter.wake()
+            return
         # Answered requests resume only after the whole read is dealt with, so a fatal
         # error in it has already marked the connection unusable when they do.
         answered: list[_Waiter] = []
@@ -609,24 +622,28 @@ class Connection:
         """
         if not self.usable:
             raise self._closed_error()
+        link = self._link
+        if self._waiters:
+            link.write(data)  # coalesced with the other requests of this loop pass
+        else:
+            link.write_now(data)  # nothing to wait for: save a loop iteration
+        # Sent (or queued): what follows overlaps with nsqd's work. No answer can be
+        # handled before this task yields, so the waiter is queued in time.
         deadline = _INF if timeout is None else self._clock() + timeout
         waiter: _Waiter
         if self._loop is not None:
             waiter = _FutureWaiter(_EagerFuture(loop=self._loop), publish, deadline)
         else:
             waiter = _EventWaiter(publish, deadline)
-        if self._waiters:
-            self._link.write(data)  # coalesced with the other requests of this loop pass
-        else:
-            self._link.write_now(data)  # nothing to wait for: save a loop iteration
         self._waiters.append(waiter)
-        try:
-            await self.flush()
-        except BaseException:
-            # The connection is broken; nobody is going to answer this request.
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-            raise
+        if link.must_drain:
+            try:
+                await self.flush()
+            except BaseException:
+                # The connection is broken; nobody is going to answer this request.
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                raise
         return await waiter.wait()
 
     @property

@@ -47,6 +47,11 @@ class Link(Protocol):
     def closing(self) -> bool: ...
 
     @property
+    def must_drain(self) -> bool:
+        """Whether a writer has to await :meth:`drain` (backpressure, or nothing sent yet)."""
+        ...
+
+    @property
     def local_address(self) -> str: ...
 
     async def receive(self) -> bytes: ...
@@ -95,6 +100,10 @@ class AsyncioLink(asyncio.Protocol):
     @property
     def closing(self) -> bool:
         return self._closed.done()
+
+    @property
+    def must_drain(self) -> bool:
+        return self._paused
 
     @property
     def local_address(self) -> str:
@@ -233,6 +242,10 @@ class StreamLink:
     @property
     def closing(self) -> bool:
         return self._closing
+
+    @property
+    def must_drain(self) -> bool:
+        return bool(self._out)  # drain() is what sends
 
     @property
     def local_address(self) -> str:
