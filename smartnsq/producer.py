@@ -46,13 +46,14 @@ _pack_u32 = struct.Struct(">I").pack
 
 
 def _check_body(body: object) -> bytes:
+    """``body`` as bytes: any bytes-like object (bytearray, memoryview, ...) gives its bytes."""
     if type(body) is not bytes:
-        if isinstance(body, bytearray | memoryview):
-            body = bytes(body)
-        elif isinstance(body, str):
+        if isinstance(body, str):
             raise InvalidType("message body must be bytes, not str: encode it first")
-        else:
-            raise InvalidType(f"message body must be bytes, not {type(body).__name__}")
+        try:
+            body = memoryview(body).tobytes()  # type: ignore[arg-type]
+        except TypeError:
+            raise InvalidType(f"message body must be bytes, not {type(body).__name__}") from None
     if not body:
         raise InvalidArgument("message body must not be empty (nsqd rejects empty messages)")
     return body
@@ -318,7 +319,17 @@ class Producer:
         checked = bodies if type(bodies) is list else list(bodies)
         if not checked:
             raise InvalidArgument("publish_many needs at least one message")
-        # Fast path (C-level checks) for the common case: non-empty bytes that fit.
+        if (
+            trace_ids is None
+            and partition is None
+            and sharding_key is None
+            and self._lookup is None
+            and not self.trace.enabled(topic)
+        ):
+            data = self._mpub_fast(topic, checked)
+            if data is not None:
+                await self._send(data, timeout)
+                return None
         if set(map(type, checked)) != {bytes}:
             checked = [_check_body(b) for b in checked]
         lens = list(map(len, checked))
@@ -393,6 +404,34 @@ class Producer:
                 ) from exc
             done += len(batch)
         return results if trace_ids is not None else None
+
+    def _mpub_fast(self, topic: str, bodies: list[Any]) -> bytes | None:
+        """The MPUB for the usual call: one batch of non-empty bytes-like bodies that fit.
+
+        The encoding does the type check (``bytes.join`` takes only bytes-like objects, as
+        :func:`_check_body` does) and the length of the result shows any body whose ``len()``
+        is not its size in bytes, so valid input costs no separate pass. ``None``: take the
+        general path, which also words the error for bad input.
+        """
+        try:
+            lens = list(map(len, bodies))
+        except TypeError:
+            return None
+        n = len(lens)
+        size = lens[0]
+        same = lens.count(size) == n  # same-size bodies (common in bulk): one join
+        shortest, longest, total = (
+            (size, size, size * n) if same else (min(lens), max(lens), sum(lens))
+        )
+        body_size = 4 + 4 * n + total
+        if shortest == 0 or longest > self.max_message_size or body_size > self.max_body_size:
+            return None
+        try:
+            data = commands.mpub(topic, bodies, None, size if same else None)
+        except TypeError:  # not bytes-like
+            return None
+        # "MPUB " + topic + "\n" + body length + body; topic names are ASCII
+        return data if len(data) == 10 + len(topic) + body_size else None
 
     def _check_routing(self, partition: int | None, key: ShardingKey | None) -> None:
         if partition is not None and key is not None:

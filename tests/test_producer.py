@@ -1,0 +1,149 @@
+"""Producer.publish_many input handling, without a server: what would be sent, or which error.
+
+The integration tests show the same against a real nsqd; these cover the combinations.
+"""
+
+from __future__ import annotations
+
+import array
+import struct
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from smartnsq import Producer
+from smartnsq.errors import InvalidArgument, InvalidType, MessageTooLarge
+from smartnsq.protocol import commands
+
+
+def capture(**config: Any) -> tuple[Producer, list[bytes]]:
+    """A producer whose plain sends are recorded instead of written."""
+    producer = Producer(nsqd_tcp_addresses=["127.0.0.1:4150"], **config)
+    sent: list[bytes] = []
+
+    async def send(data: bytes, timeout: float | None) -> bytes:
+        sent.append(data)
+        return b"OK"
+
+    producer._send = send  # type: ignore[method-assign]
+    return producer, sent
+
+
+def publish_many(producer: Producer, bodies: Any) -> None:
+    anyio.run(producer.publish_many, "t", bodies)
+
+
+def as_bytes(body: Any) -> bytes:
+    return memoryview(body).tobytes()
+
+
+def expected(bodies: list[Any]) -> bytes:
+    """The MPUB an independent encoder makes of the bodies' bytes."""
+    raw = [as_bytes(b) for b in bodies]
+    payload = struct.pack(">I", len(raw)) + b"".join(struct.pack(">I", len(b)) + b for b in raw)
+    return b"MPUB t\n" + struct.pack(">I", len(payload)) + payload
+
+
+def wide(values: list[int]) -> memoryview:
+    """A memoryview whose len() counts 2-byte items, not bytes."""
+    return memoryview(array.array("H", values))
+
+
+body = st.one_of(
+    st.binary(min_size=1, max_size=40),
+    st.binary(min_size=1, max_size=40).map(bytearray),
+    st.binary(min_size=1, max_size=40).map(memoryview),
+    st.binary(min_size=1, max_size=40).map(lambda b: array.array("B", b)),
+    st.lists(st.integers(0, 0xFFFF), min_size=1, max_size=20).map(wide),
+)
+
+
+def bytes_like(data: bytes) -> st.SearchStrategy[Any]:
+    return st.sampled_from([data, bytearray(data), memoryview(data)])
+
+
+same_size = st.integers(1, 40).flatmap(
+    lambda n: st.lists(
+        st.binary(min_size=n, max_size=n).flatmap(bytes_like), min_size=1, max_size=30
+    )
+)
+
+
+@settings(max_examples=300)
+@given(st.one_of(st.lists(body, min_size=1, max_size=30), same_size))
+def test_any_bytes_like_bodies_are_sent_as_their_bytes(bodies):
+    producer, sent = capture()
+    publish_many(producer, bodies)
+    assert sent == [expected(bodies)]
+
+
+def test_same_length_but_wider_items_are_not_taken_for_bytes():
+    # len() is 2 for all three, but the memoryview holds 4 bytes
+    bodies: list[Any] = [b"ab", wide([1, 2]), b"cd"]
+    producer, sent = capture()
+    publish_many(producer, bodies)
+    assert sent == [expected(bodies)]
+
+
+def test_a_wide_memoryview_over_the_size_limit_is_refused():
+    producer, sent = capture(max_message_size=100)
+    with pytest.raises(MessageTooLarge):
+        publish_many(producer, [wide([0] * 60)])  # len 60, 120 bytes
+    assert sent == []
+
+
+@pytest.mark.parametrize(
+    ("bodies", "error", "match"),
+    [
+        (["ab"], InvalidType, "encode it first"),
+        ([b"ab", "cd"], InvalidType, "encode it first"),  # same length as the bytes
+        ([b"ab", ""], InvalidType, "encode it first"),  # a type error, not an empty one
+        ([b"ab", 12], InvalidType, "not int"),
+        ([b"ab", None], InvalidType, "not NoneType"),
+        ([b"ab", [1, 2]], InvalidType, "not list"),
+        ([b"ab", b""], InvalidArgument, "empty"),
+        ([b"", b""], InvalidArgument, "empty"),
+        ([b"ab", b"x" * 101], MessageTooLarge, "max_message_size"),
+        ([b"x" * 101] * 3, MessageTooLarge, "max_message_size"),
+        ([], InvalidArgument, "at least one"),
+        (b"abc", InvalidType, "not a single body"),
+        ("abc", InvalidType, "not a single body"),
+    ],
+)
+def test_bad_input_raises_and_sends_nothing(bodies, error, match):
+    producer, sent = capture(max_message_size=100)
+    with pytest.raises(error, match=match):
+        publish_many(producer, bodies)
+    assert sent == []
+
+
+def test_a_bad_body_in_a_later_batch_stops_every_batch():
+    # 3 batches under the body limit; the bad body is in the last one
+    producer, sent = capture(max_message_size=100, max_body_size=250)
+    with pytest.raises(InvalidType):
+        publish_many(producer, [b"x" * 100] * 5 + ["y" * 100])
+    assert sent == []
+
+
+def test_bodies_over_the_body_limit_are_split_in_order():
+    producer, sent = capture(max_message_size=100, max_body_size=250)
+    bodies = [bytes([65 + i]) * 100 for i in range(5)]
+    publish_many(producer, iter(bodies))  # any iterable
+    assert sent == [expected(bodies[0:2]), expected(bodies[2:4]), expected(bodies[4:5])]
+
+
+def test_same_size_mpub_matches_the_general_encoding():
+    bodies = [bytes([i]) * 9 for i in range(50)]
+    assert commands.mpub("t", bodies, None, 9) == expected(bodies)
+    assert commands.mpub("t", bodies, 2, 9) == commands.mpub("t", bodies, 2)
+
+
+@pytest.mark.parametrize("body", [bytearray(b"abcd"), array.array("B", b"abcd"), wide([1, 2])])
+def test_publish_sends_the_bytes_of_a_bytes_like_body(body):
+    producer, sent = capture()
+    anyio.run(producer.publish, "t", body)
+    raw = as_bytes(body)
+    assert sent == [b"PUB t\n" + struct.pack(">I", len(raw)) + raw]
