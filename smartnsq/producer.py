@@ -216,9 +216,11 @@ class Producer:
     ) -> PublishResult | None:
         """Publish one message and return once nsqd has acknowledged it.
 
-        ``delay`` (seconds) defers delivery (DPUB; classic nsqd only). On a partitioned
-        (Youzan) topic, ``sharding_key`` picks the partition (same key, same partition, in
-        order) and ``partition`` names one outright; otherwise partitions take turns.
+        ``body`` is bytes or any other bytes-like object (bytearray, memoryview, ...); its
+        bytes are sent. ``delay`` (seconds) defers delivery (DPUB; classic nsqd only). On a
+        partitioned (Youzan) topic, ``sharding_key`` picks the partition (same key, same
+        partition, in order) and ``partition`` names one outright; otherwise partitions take
+        turns.
         ``trace_id`` (or tracing switched on for the topic with ``producer.trace``) sends a
         traced publish and returns a :class:`PublishResult`; ``headers`` sends the JSON ext
         header of an ext topic. Plain publishes return ``None``.
