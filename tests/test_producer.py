@@ -1,4 +1,4 @@
-"""Producer.publish_many input handling, without a server: what would be sent, or which error.
+"""Producer input handling, without a server: what would be sent, or which error.
 
 The integration tests show the same against a real nsqd; these cover the combinations.
 """
@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from smartnsq import Producer
 from smartnsq.errors import InvalidArgument, InvalidType, MessageTooLarge
-from smartnsq.protocol import commands
 
 
 def capture(**config: Any) -> tuple[Producer, list[bytes]]:
@@ -133,12 +132,6 @@ def test_bodies_over_the_body_limit_are_split_in_order():
     bodies = [bytes([65 + i]) * 100 for i in range(5)]
     publish_many(producer, iter(bodies))  # any iterable
     assert sent == [expected(bodies[0:2]), expected(bodies[2:4]), expected(bodies[4:5])]
-
-
-def test_same_size_mpub_matches_the_general_encoding():
-    bodies = [bytes([i]) * 9 for i in range(50)]
-    assert commands.mpub("t", bodies, None, 9) == expected(bodies)
-    assert commands.mpub("t", bodies, 2, 9) == commands.mpub("t", bodies, 2)
 
 
 @pytest.mark.parametrize("body", [bytearray(b"abcd"), array.array("B", b"abcd"), wide([1, 2])])
