@@ -1,22 +1,23 @@
-"""Run the benchmarks: ``python -m bench [publish|consume|youzan|summarize] [options]``.
+"""Run the benchmarks: ``python -m bench [publish|consume|youzan|floor|summarize] [options]``.
 
 Without a sub-command the classic publish and consume benchmarks run, publish first, each
 with the given options (only the options both accept: ``--rounds``, ``--quick``,
 ``--python``, ``--md/--no-md``), then the Youzan one with ``--rounds``/``--quick``/``--md``;
-``python -m bench publish ...`` (or ``consume``, ``youzan``) runs one with all of its own
-options.
+``python -m bench publish ...`` (or ``consume``, ``youzan``, ``floor``) runs one with all of
+its own options.
 """
 
 from __future__ import annotations
 
 import sys
 
-from bench import consume, publish, summarize, youzan
+from bench import consume, floor, publish, summarize, youzan
 
 COMMANDS = {
     "publish": publish.main,
     "consume": consume.main,
     "youzan": youzan.main,
+    "floor": floor.main,
     "summarize": summarize.main,
 }
 
