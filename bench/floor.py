@@ -94,9 +94,9 @@ def section(data: dict[str, Any]) -> str:
         "They are not clients anyone should use; they bound what any client can reach on that "
         "kind of loop, before doing a library's work.",
         "- The gap between the blocking row and the asyncio rows is what asyncio's pure-Python "
-        "loop costs per round trip on this machine; smartnsq resumes an answered publish inside "
-        "the read callback, so its asyncio row sits between the `future` and `callback` rows "
-        "less the time it spends checking and encoding the 200 bodies.",
+        "loop costs per round trip on this machine. smartnsq resumes an answered publish inside "
+        "the read callback, as the `callback` row writes from it, but it also checks and "
+        "encodes the 200 bodies before each send, which none of these rows do.",
         "- Same nsqd, topics, process measurement and count check as the Publish section; "
         f"`python -m bench.floor` writes `bench/results/floor-*.json`. smartnsq at git "
         f"{data['git']}.",
