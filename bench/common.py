@@ -4,6 +4,7 @@ small statistics.  Stdlib only, so the runner stays lean."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
@@ -279,6 +280,38 @@ class Nsqd:
 
 
 NSQD_ARGS = ["--mem-queue-size=10000000"]  # keep every message in memory
+
+
+def runner_arguments(ap: argparse.ArgumentParser, rounds: int, quick_help: str) -> None:
+    """The options every runner has: --rounds, --quick and --md/--no-md."""
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument(
+        "--md",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="rewrite BENCHMARKS.md (default: yes, except with --quick)",
+    )
+
+
+def parse_runner_arguments(ap: argparse.ArgumentParser, argv: list[str] | None) -> Any:
+    """Parse; --quick means one round unless --rounds is given."""
+    a = ap.parse_args(argv)
+    if a.quick and "--rounds" not in (sys.argv[1:] if argv is None else argv):
+        a.rounds = 1
+    return a
+
+
+@contextmanager
+def benchmark_nsqd(data: dict[str, Any], out: Path) -> Iterator[Nsqd]:
+    """The runner's nsqd (in a temporary directory), noted in the results."""
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-nsqd-") as workdir,
+        nsqd_server(Path(workdir)) as nsqd,
+    ):
+        data["nsqd_version"] = nsqd.version()
+        log(f"{data['nsqd_version']} on {nsqd.tcp}; results -> {rel(out)}")
+        yield nsqd
 
 
 @contextmanager

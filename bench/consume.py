@@ -27,10 +27,8 @@ import re
 import shlex
 import signal
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from bench import common as c
@@ -255,8 +253,7 @@ def run_go(p: dict[str, Any], nsqd: c.Nsqd, topic: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, N = 50,000")
+    c.runner_arguments(ap, 3, "smoke run: 1 round, N = 50,000")
     ap.add_argument(
         "--clients",
         default=",".join(DEFAULT),
@@ -264,16 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--n", type=int, default=None, help="messages per run (default 500,000)")
     ap.add_argument("--python", default="python3", help="interpreter for the peer venvs")
-    ap.add_argument(
-        "--md",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="rewrite BENCHMARKS.md (default: yes, except with --quick)",
-    )
-    a = ap.parse_args(argv)
-    raw = list(sys.argv[1:] if argv is None else argv)
-    if a.quick and "--rounds" not in raw:
-        a.rounds = 1
+    a = c.parse_runner_arguments(ap, argv)
     names = [x for x in a.clients.split(",") if x]
     unknown = [x for x in names if x not in ENTRIES]
     if unknown:
@@ -286,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         if ENTRIES[name].client != GO:
             c.ensure_venv(c.CLIENTS[ENTRIES[name].client], a.python)
 
+    raw = list(sys.argv[1:] if argv is None else argv)
     stamp, out, data = c.new_results("consume", raw, a.quick, a.rounds, prm)
     data["labels"] = {x: ENTRIES[x].label for x in names}
     data["runs"] = []
@@ -295,12 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         if ENTRIES[x].client != GO
     }
 
-    with (
-        tempfile.TemporaryDirectory(prefix="bench-nsqd-") as workdir,
-        c.nsqd_server(Path(workdir)) as nsqd,
-    ):
-        data["nsqd_version"] = nsqd.version()
-        c.log(f"{data['nsqd_version']} on {nsqd.tcp}; results -> {c.rel(out)}")
+    with c.benchmark_nsqd(data, out) as nsqd:
         for rnd in range(1, a.rounds + 1):
             k = (rnd - 1) % len(names)
             for name in names[k:] + names[:k]:

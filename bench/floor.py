@@ -22,9 +22,7 @@ import argparse
 import json
 import re
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from bench import common as c
@@ -106,38 +104,26 @@ def section(data: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--quick", action="store_true", help="short smoke run (1 round)")
-    ap.add_argument(
-        "--md",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="rewrite BENCHMARKS.md (default: yes, except with --quick)",
-    )
-    a = ap.parse_args(argv)
-    if a.quick and "--rounds" not in (argv or sys.argv[1:]):
-        a.rounds = 1
+    c.runner_arguments(ap, 9, "short smoke run (1 round, 1 s runs)")
+    a = c.parse_runner_arguments(ap, argv)
     prm = publish.params(a.quick)
     names = [*CLIENTS, s.GO]
     stamp, out, data = c.new_results("floor", list(argv or sys.argv[1:]), a.quick, a.rounds, prm)
     data["runs"] = []
     data["python_versions"] = {"smartnsq": c.python_version(sys.executable)}
-    with (
-        tempfile.TemporaryDirectory(prefix="bench-nsqd-") as workdir,
-        c.nsqd_server(Path(workdir)) as nsqd,
-    ):
-        data["nsqd_version"] = nsqd.version()
-        c.log(f"{data['nsqd_version']} on {nsqd.tcp}; results -> {c.rel(out)}")
+    with c.benchmark_nsqd(data, out) as nsqd:
         for rnd in range(1, a.rounds + 1):
             k = (rnd - 1) % len(names)
             for name in names[k:] + names[:k]:
                 topic = re.sub(r"[^A-Za-z0-9_]", "_", f"floor_{name}_{rnd}_{stamp}")
                 nsqd.delete_topic(topic)
                 nsqd.create_topic(topic)
+                s0 = c.cpu_snapshot(nsqd.pid)
                 if name == s.GO:
                     rec = publish.run_go("mpub", prm["go"], nsqd, topic)
                 else:
                     rec = publish.run_client(CLIENTS[name], "mpub", prm["mpub"], nsqd, topic)
+                rec.update(c.cpu_delta(s0, c.cpu_snapshot(nsqd.pid), rec["cpu_s"]))
                 nsqd.delete_topic(topic)
                 rec.update(client=name, workload="mpub", round=rnd)
                 c.save_run(data, out, rec, f"r{rnd} {name:15s}")

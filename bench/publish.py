@@ -22,9 +22,7 @@ import os
 import re
 import shlex
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from bench import common as c
@@ -105,8 +103,7 @@ def run_go(workload: str, p: dict[str, Any], nsqd: c.Nsqd, topic: str) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="short smoke run (1 round, 1 s runs)")
+    c.runner_arguments(ap, 3, "short smoke run (1 round, 1 s runs)")
     ap.add_argument(
         "--clients",
         default=",".join([*c.CLIENTS, GO]),
@@ -114,15 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--python", default="python3", help="interpreter for the peer venvs")
-    ap.add_argument(
-        "--md",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="rewrite BENCHMARKS.md (default: yes, except with --quick)",
-    )
-    a = ap.parse_args(argv)
-    if a.quick and "--rounds" not in (argv or sys.argv[1:]):
-        a.rounds = 1
+    a = c.parse_runner_arguments(ap, argv)
     names = [x for x in a.clients.split(",") if x]
     workloads = [w for w in a.workloads.split(",") if w]
     unknown = [x for x in names if x != GO and x not in c.CLIENTS]
@@ -143,12 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             pythons[name] = c.python_version(py)
     data["python_versions"] = pythons
 
-    with (
-        tempfile.TemporaryDirectory(prefix="bench-nsqd-") as workdir,
-        c.nsqd_server(Path(workdir)) as nsqd,
-    ):
-        data["nsqd_version"] = nsqd.version()
-        c.log(f"{data['nsqd_version']} on {nsqd.tcp}; results -> {c.rel(out)}")
+    with c.benchmark_nsqd(data, out) as nsqd:
         for rnd in range(1, a.rounds + 1):
             k = (rnd - 1) % len(names)
             order = names[k:] + names[:k]

@@ -437,20 +437,11 @@ def section(data: dict[str, Any], classic: dict[str, str]) -> str:
 # ---------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="short smoke run (1 round, 1 s runs)")
+    c.runner_arguments(ap, 3, "short smoke run (1 round, 1 s runs)")
     ap.add_argument("--n-ordered", type=int, default=None, help="messages to consume (ordered)")
     ap.add_argument("--n-unordered", type=int, default=None, help="(unordered) default 100,000")
-    ap.add_argument(
-        "--md",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="rewrite the section in BENCHMARKS.md (default: yes, except with --quick)",
-    )
-    a = ap.parse_args(argv)
+    a = c.parse_runner_arguments(ap, argv)
     args = sys.argv[1:] if argv is None else argv
-    if a.quick and "--rounds" not in args:
-        a.rounds = 1
     prm = params(a.quick, a.n_ordered, a.n_unordered)
 
     stamp, out, data = c.new_results("youzan", list(args), a.quick, a.rounds, prm)
