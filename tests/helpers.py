@@ -1,4 +1,4 @@
-"""Polling and inspection helpers shared by the integration tests."""
+"""Helpers shared by the tests: polling and inspection of real servers, byte chunking."""
 
 from __future__ import annotations
 
@@ -21,6 +21,16 @@ T = TypeVar("T")
 # asyncio with uvloop's event loop: its transports are not asyncio.Transport subclasses
 UVLOOP = pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")
 EVERY_LOOP = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio", UVLOOP])
+
+
+def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
+    """``data`` cut at the given points (taken modulo its length + 1); may hold empty chunks."""
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    out, prev = [], 0
+    for p in [*points, len(data)]:
+        out.append(data[prev:p])
+        prev = p
+    return out
 
 
 def unique(prefix: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 
 import anyio
@@ -11,6 +10,7 @@ from hypothesis import strategies as st
 
 from smartnsq import Connection, ConnectionConfig
 from smartnsq.protocol.frames import FRAME_RESPONSE, OK_FRAME, encode_frame
+from tests.helpers import chunked
 
 
 class StubLink:
@@ -29,11 +29,6 @@ class StubLink:
         self.written.append(data)
 
     write_now = write
-
-
-def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
 async def answers(payloads: list[bytes], cuts: list[int]) -> list[bytes]:

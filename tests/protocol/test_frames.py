@@ -13,6 +13,7 @@ from smartnsq.protocol import (
     FrameDecoder,
     encode_frame,
 )
+from tests.helpers import chunked
 
 frames_strategy = st.lists(
     st.tuples(
@@ -21,15 +22,6 @@ frames_strategy = st.lists(
     ),
     max_size=20,
 )
-
-
-def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({c % (len(data) + 1) for c in cuts})
-    out, prev = [], 0
-    for p in [*points, len(data)]:
-        out.append(data[prev:p])
-        prev = p
-    return out
 
 
 @given(frames_strategy, st.lists(st.integers(min_value=0), max_size=30))
