@@ -62,6 +62,13 @@ def _verdict(x: float, target: float) -> str:
     return "**met**" if x >= target else "**NOT met**"
 
 
+def _rss_row(what: str, kb: int) -> str:
+    """The target-table row for one peak RSS (KiB) against the 40 MB limit."""
+    mb = kb * 1024 / 1e6
+    verdict = "**not measured**" if not mb else "**met**" if mb <= TARGET_RSS_MB else "**NOT met**"
+    return f"| peak RSS of {what} | {mb:.1f} MB | <= {TARGET_RSS_MB:g} MB | {verdict} |"
+
+
 def _peak_rss(runs: list[dict[str, Any]], clients: list[str]) -> dict[str, int]:
     """The largest peak RSS (KiB) over each client's runs (0 if none was measured)."""
     return {
@@ -184,19 +191,7 @@ def publish_section(data: dict[str, Any]) -> str:
     for title, x, target, _ in rows:
         out.append(f"| {title} | {_fmt_ratio(x)} | >= {target:g}x | {_verdict(x, target)} |")
     for smart in smarts:
-        smart_rss = rss.get(smart, 0) * 1024 / 1e6
-        out.append(
-            f"| peak RSS of the {labels.get(smart, smart)} benchmark process | {smart_rss:.1f} MB "
-            f"| <= {TARGET_RSS_MB:g} MB | "
-            + (
-                "**not measured**"
-                if not smart_rss
-                else "**met**"
-                if smart_rss <= TARGET_RSS_MB
-                else "**NOT met**"
-            )
-            + " |"
-        )
+        out.append(_rss_row(f"the {labels.get(smart, smart)} benchmark process", rss.get(smart, 0)))
     if "concurrent" in {r["workload"] for r in runs}:
         pc = _rates(runs, "pynsq", "concurrent")
         sc = _rates(runs, "smartnsq", "concurrent")
@@ -380,18 +375,11 @@ def consume_section(data: dict[str, Any]) -> str:
         else:
             out.append(f"| {title} | {_fmt_ratio(x)} | >= {target:g}x | {_verdict(x, target)} |")
     smart = [x for x in clients if x.startswith("smartnsq") and rss.get(x)]
-    smart_rss = max((rss[x] for x in smart), default=0) * 1024 / 1e6
     out.append(
-        f"| peak RSS of the smartnsq consumer process (every smartnsq row) | {smart_rss:.1f} MB "
-        f"| <= {TARGET_RSS_MB:g} MB | "
-        + (
-            "**not measured**"
-            if not smart_rss
-            else "**met**"
-            if smart_rss <= TARGET_RSS_MB
-            else "**NOT met**"
+        _rss_row(
+            "the smartnsq consumer process (every smartnsq row)",
+            max((rss[x] for x in smart), default=0),
         )
-        + " |"
     )
     out += [
         "",
