@@ -59,6 +59,14 @@ def _check_body(body: object) -> bytes:
     return body
 
 
+def _sizes(lens: list[int]) -> tuple[int | None, int, int, int]:
+    """(the size every body has, or None; shortest; longest; total) of non-empty ``lens``."""
+    size = lens[0]
+    if lens.count(size) == len(lens):  # same-size bodies (common in bulk): no more passes
+        return size, size, size, size * len(lens)
+    return None, min(lens), max(lens), sum(lens)
+
+
 class _Node:
     """One configured nsqd: its connections and its health."""
 
@@ -335,8 +343,7 @@ class Producer:
         if set(map(type, checked)) != {bytes}:
             checked = [_check_body(b) for b in checked]
         lens = list(map(len, checked))
-        uniform = len(set(lens)) == 1  # same-size bodies, common in bulk: cheaper checks
-        shortest, longest = (lens[0], lens[0]) if uniform else (min(lens), max(lens))
+        same, shortest, longest, total = _sizes(lens)
         if shortest == 0:
             raise InvalidArgument("message bodies must not be empty (nsqd rejects them)")
         limit = self.max_message_size
@@ -357,7 +364,6 @@ class Producer:
                 _check_trace_id(t)
         overhead = 12 if trace_ids is not None else 4
         batches: list[tuple[int, int]] = []
-        total = lens[0] * len(lens) if uniform else sum(lens)
         if 4 + overhead * len(lens) + total <= self.max_body_size:
             batches.append((0, len(lens)))
         else:
@@ -371,7 +377,6 @@ class Producer:
         plain = trace_ids is None and partition is None and sharding_key is None
         if not plain:
             self._check_routing(partition, sharding_key)
-        same = lens[0] if uniform else None
         results: list[PublishResult] = []
         done = 0
         for start, end in batches:
@@ -419,17 +424,12 @@ class Producer:
             lens = list(map(len, bodies))
         except TypeError:
             return None
-        n = len(lens)
-        size = lens[0]
-        same = lens.count(size) == n  # same-size bodies (common in bulk): one join
-        shortest, longest, total = (
-            (size, size, size * n) if same else (min(lens), max(lens), sum(lens))
-        )
-        body_size = 4 + 4 * n + total
+        same, shortest, longest, total = _sizes(lens)
+        body_size = 4 + 4 * len(lens) + total
         if shortest == 0 or longest > self.max_message_size or body_size > self.max_body_size:
             return None
         try:
-            data = commands.mpub(topic, bodies, None, size if same else None)
+            data = commands.mpub(topic, bodies, None, same)
         except TypeError:  # not bytes-like
             return None
         # "MPUB " + topic + "\n" + body length + body; topic names are ASCII
