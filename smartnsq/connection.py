@@ -509,7 +509,7 @@ class Connection:
             and self._waiters
             and self.before_read is None
             and self._decompress is None
-            and self._decoder.idle
+            and not self._decoder.buffered  # not in the middle of a frame
         ):
             waiter = self._waiters.popleft()
             waiter.resolve(OK, None)

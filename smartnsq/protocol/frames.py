@@ -51,11 +51,6 @@ class FrameDecoder:
         # consumer's reads are usually all messages, and 0 here lets it skip sorting them.
         self.others = 0
 
-    @property
-    def idle(self) -> bool:
-        """Nothing buffered: the next byte fed starts a frame."""
-        return not self._buf
-
     def feed_spans(self, data: bytes, limit: int = -1) -> tuple[bytes, list[Span]]:
         """Buffer ``data``; return a buffer and the spans of the complete frames in it.
 
