@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from typing import Any
@@ -115,16 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(1, a.rounds + 1):
             k = (rnd - 1) % len(names)
             for name in names[k:] + names[:k]:
-                topic = re.sub(r"[^A-Za-z0-9_]", "_", f"floor_{name}_{rnd}_{stamp}")
-                nsqd.delete_topic(topic)
-                nsqd.create_topic(topic)
-                s0 = c.cpu_snapshot(nsqd.pid)
-                if name == s.GO:
-                    rec = publish.run_go("mpub", prm["go"], nsqd, topic)
-                else:
-                    rec = publish.run_client(CLIENTS[name], "mpub", prm["mpub"], nsqd, topic)
-                rec.update(c.cpu_delta(s0, c.cpu_snapshot(nsqd.pid), rec["cpu_s"]))
-                nsqd.delete_topic(topic)
+                client = None if name == s.GO else CLIENTS[name]
+                rec = publish.fresh_topic_run(
+                    nsqd, client, "mpub", prm, f"floor_{name}_{rnd}_{stamp}"
+                )
                 rec.update(client=name, workload="mpub", round=rnd)
                 c.save_run(data, out, rec, f"r{rnd} {name:15s}")
                 time.sleep(0.3)

@@ -101,6 +101,25 @@ def run_go(workload: str, p: dict[str, Any], nsqd: c.Nsqd, topic: str) -> dict[s
     return rec
 
 
+def fresh_topic_run(
+    nsqd: c.Nsqd, client: c.Client | None, workload: str, prm: dict[str, Any], topic: str
+) -> dict[str, Any]:
+    """One run of ``client`` (None: bench_writer) on a new topic, with nsqd's CPU meanwhile."""
+    topic = re.sub(r"[^A-Za-z0-9_]", "_", topic)
+    nsqd.delete_topic(topic)
+    nsqd.create_topic(topic)
+    la = c.loadavg()
+    s0 = c.cpu_snapshot(nsqd.pid)
+    if client is None:
+        rec = run_go(workload, prm["go"], nsqd, topic)
+    else:
+        rec = run_client(client, workload, prm[workload], nsqd, topic)
+    rec.update(c.cpu_delta(s0, c.cpu_snapshot(nsqd.pid), rec["cpu_s"]))
+    nsqd.delete_topic(topic)
+    rec["loadavg"] = la
+    return rec
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     c.runner_arguments(ap, 3, "short smoke run (1 round, 1 s runs)")
@@ -143,18 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                             continue
                     elif wl not in c.CLIENTS[name].workloads:
                         continue
-                    topic = re.sub(r"[^A-Za-z0-9_]", "_", f"bench_{wl}_{name}_{rnd}_{stamp}")
-                    nsqd.delete_topic(topic)
-                    nsqd.create_topic(topic)
-                    la = c.loadavg()
-                    s0 = c.cpu_snapshot(nsqd.pid)
-                    if name == GO:
-                        rec = run_go(wl, prm["go"], nsqd, topic)
-                    else:
-                        rec = run_client(c.CLIENTS[name], wl, prm[wl], nsqd, topic)
-                    rec.update(c.cpu_delta(s0, c.cpu_snapshot(nsqd.pid), rec["cpu_s"]))
-                    nsqd.delete_topic(topic)
-                    rec.update(client=name, workload=wl, round=rnd, loadavg=la)
+                    client = None if name == GO else c.CLIENTS[name]
+                    rec = fresh_topic_run(nsqd, client, wl, prm, f"bench_{wl}_{name}_{rnd}_{stamp}")
+                    rec.update(client=name, workload=wl, round=rnd)
                     c.save_run(data, out, rec, f"r{rnd} {wl:10s} {name:12s}")
                     time.sleep(0.3)
     data["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
