@@ -200,6 +200,10 @@ class _EventWaiter:
     def wake(self) -> None:
         pass
 
+    def abandon(self) -> None:
+        """Nobody waits any more: the answer, when it comes, is dropped."""
+        self.event.set()
+
     async def wait(self) -> bytes:
         await self.event.wait()
         if self.error is not None:
@@ -285,6 +289,10 @@ class _FutureWaiter:
 
     def wake(self) -> None:
         self.future.wake()
+
+    def abandon(self) -> None:
+        """Nobody waits any more: the answer, when it comes, is dropped (never raised)."""
+        self.future.cancel()
 
     def wait(self) -> Awaitable[bytes]:
         return self.future  # awaited directly: no coroutine frame in between
@@ -499,9 +507,14 @@ class Connection:
                     )
                 )
                 return
-            for waiter in self._waiters:
-                if waiter.deadline <= now:
-                    waiter.set(b"", NSQTimeout(f"nsqd {self.address} did not answer in time"))
+            self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        """Fail the requests whose deadline has passed; they keep their place in the queue
+        (their answers, when they come, are dropped)."""
+        for waiter in self._waiters:
+            if waiter.deadline <= now:
+                waiter.set(b"", NSQTimeout(f"nsqd {self.address} did not answer in time"))
 
     def _on_data(self, data: bytes) -> None:
         if (  # a lone OK for the oldest request (a publisher's usual read): no decoding
@@ -637,12 +650,13 @@ class Connection:
             waiter = _EventWaiter(publish, deadline)
         self._waiters.append(waiter)
         if link.must_drain:
+            # The bytes are in the send buffer and will reach nsqd unless the connection
+            # dies (which fails every waiter): whatever happens to this caller, the waiter
+            # keeps its place so that later answers still match their requests.
             try:
                 await self.flush()
             except BaseException:
-                # The connection is broken; nobody is going to answer this request.
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+                waiter.abandon()
                 raise
         return await waiter.wait()
 

@@ -279,7 +279,11 @@ class StreamLink:
             out.clear()
             if self.compress is not None:
                 data = self.compress(data)
-            await self._stream.send(data)
+            # A send cut short by a cancelled caller could leave half a command on the wire
+            # (and the compressor's state ahead of it): once taken, the bytes go out whole.
+            # Closing the stream still ends a send that nsqd never reads.
+            with anyio.CancelScope(shield=True):
+                await self._stream.send(data)
 
     async def start_tls(self, context: ssl.SSLContext, hostname: str) -> None:
         self._stream = await TLSStream.wrap(
