@@ -162,18 +162,38 @@ class Features:
         return "-HA." in self.version
 
     @classmethod
-    def from_reply(cls, reply: Mapping[str, Any]) -> Features:
+    def from_reply(cls, reply: object) -> Features:
+        """Features from a decoded IDENTIFY reply; :class:`ProtocolError` if it is not one."""
+        if not isinstance(reply, dict):
+            raise ProtocolError(f"IDENTIFY reply is not a JSON object: {reply!r:.100}")
         return cls(
             version=str(reply.get("version", "")),
-            max_rdy_count=int(reply.get("max_rdy_count") or 2500),
-            msg_timeout=int(reply.get("msg_timeout") or 60000) / 1000,
-            max_msg_timeout=int(reply.get("max_msg_timeout") or 900000) / 1000,
-            tls=bool(reply.get("tls_v1")),
-            snappy=bool(reply.get("snappy")),
-            deflate=bool(reply.get("deflate")),
-            auth_required=bool(reply.get("auth_required")),
+            max_rdy_count=_reply_int(reply, "max_rdy_count", 2500),
+            msg_timeout=_reply_int(reply, "msg_timeout", 60000) / 1000,
+            max_msg_timeout=_reply_int(reply, "max_msg_timeout", 900000) / 1000,
+            tls=reply.get("tls_v1") is True,
+            snappy=reply.get("snappy") is True,
+            deflate=reply.get("deflate") is True,
+            auth_required=reply.get("auth_required") is True,
             raw=dict(reply),
         )
+
+
+def _reply_int(reply: Mapping[str, Any], name: str, default: int) -> int:
+    """A positive whole number from nsqd's IDENTIFY reply (absent or 0: ``default``)."""
+    value = reply.get(name)
+    if value is None or value == 0:
+        return default
+    if type(value) is not int or not 0 < value < 2**53:
+        raise ProtocolError(f"IDENTIFY reply has an unusable {name}: {value!r:.40}")
+    return value
+
+
+def _json(payload: bytes, what: str) -> Any:
+    try:
+        return json.loads(payload)
+    except (ValueError, RecursionError):  # RecursionError: absurdly nested arrays
+        raise ProtocolError(f"{what} is not JSON: {payload[:100]!r}") from None
 
 
 class _EventWaiter:
@@ -324,6 +344,7 @@ class Connection:
         self.before_read: Callable[[], None] | None = None
         self.closed = False
         self.close_reason: BaseException | None = None
+        self.retiring = False  # close() was called: no new requests
         self._link = link
         self._decoder = FrameDecoder(config.max_frame_size)
         self._decompress: Callable[[bytes], bytes] | None = None
@@ -416,11 +437,7 @@ class Connection:
         if reply == b"OK":  # very old nsqd without feature negotiation
             self.features = Features(version="unknown")
         else:
-            try:
-                parsed = json.loads(reply)
-            except ValueError:
-                raise ProtocolError(f"IDENTIFY reply is not JSON: {reply[:100]!r}") from None
-            self.features = Features.from_reply(parsed)
+            self.features = Features.from_reply(_json(reply, "IDENTIFY reply"))
         f = self.features
         if cfg.tls and not f.tls:
             raise ConnectFailed(f"nsqd {self.address} does not offer TLS, which was required")
@@ -449,10 +466,10 @@ class Connection:
             await self._write_now(
                 commands.auth(secret.encode() if isinstance(secret, str) else secret)
             )
-            try:
-                self.auth = json.loads(await self._read_handshake_frame())
-            except ValueError:
-                raise ProtocolError("AUTH reply is not JSON") from None
+            auth = _json(await self._read_handshake_frame(), "AUTH reply")
+            if not isinstance(auth, dict):
+                raise ProtocolError(f"AUTH reply is not a JSON object: {auth!r:.100}")
+            self.auth = auth
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -494,8 +511,9 @@ class Connection:
         One ticking task per connection is far cheaper than a timer per request.
         """
         interval = self.config.heartbeat_interval
-        # nsqd closes after two missed heartbeats; we give up a little later than that.
-        silence_limit = interval * 2 + 5 if interval > 0 else None
+        # nsqd sends a heartbeat every interval whatever else it sends, and drops a client
+        # that misses two; we give up on nsqd by the same rule, with a small margin.
+        silence_limit = interval * 2 + max(0.5, interval / 10) if interval > 0 else None
         while True:
             await anyio.sleep(_TICK)
             now = self._clock()
@@ -611,7 +629,7 @@ class Connection:
 
     async def flush(self) -> None:
         """Wait until the transport has room for more (backpressure)."""
-        if not self.usable:
+        if self.closed or self._link.closing:
             raise self._closed_error()
         try:
             await self._link.drain()
@@ -663,7 +681,7 @@ class Connection:
     @property
     def usable(self) -> bool:
         """Open, and not known to be going down."""
-        return not self.closed and not self._link.closing
+        return not self.closed and not self.retiring and not self._link.closing
 
     @property
     def pending(self) -> int:
@@ -705,6 +723,7 @@ class Connection:
         """Wait (up to ``timeout``) for outstanding answers, send what is queued, close."""
         if self.closed:
             return
+        self.retiring = True
         with anyio.move_on_after(timeout):
             while self._waiters and not self.closed:
                 await anyio.sleep(0.005)

@@ -16,6 +16,7 @@ import anyio.abc
 
 from smartnsq.connection import Connection, ConnectionConfig, parse_address
 from smartnsq.errors import (
+    ConnectFailed,
     ConnectionClosed,
     InvalidArgument,
     InvalidType,
@@ -25,6 +26,7 @@ from smartnsq.errors import (
     NSQError,
     NSQTimeout,
     PartialPublish,
+    ProtocolError,
     Retry,
     ServerError,
 )
@@ -41,7 +43,8 @@ log = logging.getLogger("smartnsq.producer")
 
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024  # nsqd --max-msg-size default
 DEFAULT_MAX_BODY_SIZE = 5 * 1024 * 1024  # nsqd --max-body-size default
-_MAX_DOWN = 30.0  # longest we avoid an nsqd that refused us
+_MAX_DOWN = 30.0  # longest we avoid an nsqd that failed us
+_PROBE_HOLD = 5.0  # while one request tries a recovering nsqd, the others go elsewhere
 _pack_u32 = struct.Struct(">I").pack
 
 
@@ -68,7 +71,11 @@ def _sizes(lens: list[int]) -> tuple[int | None, int, int, int]:
 
 
 class _Node:
-    """One configured nsqd: its connections and its health."""
+    """One nsqd: its connections and its health.
+
+    A node that failed (could not be reached, answered garbage, let a request time out) is
+    avoided for a growing while; then one request at a time may try it until one succeeds.
+    """
 
     __slots__ = ("address", "connections", "down_until", "failures", "lock")
 
@@ -87,6 +94,15 @@ class _Node:
     def mark_up(self) -> None:
         self.failures = 0
         self.down_until = 0.0
+
+    def claim(self, now: float) -> bool:
+        """Whether a request may go here now; a recovering node takes one at a time."""
+        if not self.failures:
+            return True
+        if now < self.down_until:
+            return False
+        self.down_until = now + _PROBE_HOLD
+        return True
 
 
 class Producer:
@@ -459,12 +475,18 @@ class Producer:
         limit = self.timeout if timeout is None else timeout
         conn = self._ready_connection()
         if conn is not None:
+            node = self._direct[0]
             try:
-                return await conn.request(data, publish=True, timeout=limit)
+                answer = await conn.request(data, publish=True, timeout=limit)
             except NSQTimeout:
+                self._suspect(node, conn)
                 raise self._timeout_error(limit) from None
             except (ConnectionClosed, ServerError) as exc:
                 self._check_retryable(exc, conn)
+            else:
+                if node.failures:
+                    node.mark_up()
+                return answer
         answer, _, _ = await self._send_routed(None, lambda p: data, None, None, timeout)
         return answer
 
@@ -509,27 +531,38 @@ class Producer:
         route: tuple[str, int | None] | None = None
         if layout is not None and topic is not None and not deferred:
             conn = None
+            node = None
             try:
                 route = address, part = self._pick(topic, partition, key, layout)
                 node = self._by_address.get(address)
                 conns = node.connections if node is not None else ()
                 conn = min(conns, key=_pending) if conns else None
                 if (
-                    conn is not None
+                    node is not None
+                    and conn is not None
                     and conn.usable
                     and (conn.pending == 0 or len(conns) >= self._per_node)
                 ):
                     answer = await conn.request(build(part), publish=True, timeout=limit)
+                    if node.failures:
+                        node.mark_up()
                     return answer, address, part
             except NSQTimeout:
+                if node is not None and conn is not None:
+                    self._suspect(node, conn)
                 raise self._timeout_error(limit) from None
             except (ConnectionClosed, ServerError, NoNsqdAvailable) as exc:
                 self._check_retryable(exc, conn)
                 route = None  # it failed: route afresh
+        deadline = anyio.current_time() + limit
         try:
-            with anyio.fail_after(limit):
-                return await self._send_with_retries(topic, build, partition, key, deferred, route)
-        except TimeoutError:
+            # A request past the deadline raises NSQTimeout itself (and so names its
+            # connection); this outer bound covers connecting and lookups.
+            with anyio.fail_after(limit + 0.2):
+                return await self._send_with_retries(
+                    topic, build, partition, key, deferred, route, deadline
+                )
+        except (TimeoutError, NSQTimeout):
             raise self._timeout_error(limit) from None
 
     async def _send_with_retries(
@@ -539,7 +572,8 @@ class Producer:
         partition: int | None,
         key: ShardingKey | None,
         deferred: bool,
-        route: tuple[str, int | None] | None = None,
+        route: tuple[str, int | None] | None,
+        deadline: float,
     ) -> tuple[bytes, str, int | None]:
         attempt = 0
         refresh = False
@@ -551,16 +585,25 @@ class Producer:
                         (address, part), route = route, None
                     else:
                         address, part = await self._route(topic, partition, key, refresh)
-                    conn = await self._node_connection(self._node(address))
+                    node = self._node(address)
+                    conn = await self._node_connection(node)
                 else:
-                    conn = await self._acquire()
+                    node, conn = await self._acquire()
                     part = partition
                 if deferred and conn.features.youzan:
                     raise NotSupported(
                         f"nsqd {conn.address} is a Youzan HA server, which has no deferred "
                         "publish (DPUB); publish without delay"
                     )
-                answer = await conn.request(build(part), publish=True)
+                try:
+                    answer = await conn.request(
+                        build(part), publish=True, timeout=deadline - anyio.current_time()
+                    )
+                except NSQTimeout:
+                    self._suspect(node, conn)
+                    raise
+                if node.failures:
+                    node.mark_up()
                 return answer, conn.address, part
             except (ConnectionClosed, NoNsqdAvailable, ServerError) as exc:
                 self._check_retryable(exc, conn)
@@ -588,9 +631,7 @@ class Producer:
             nodes = layout.producers
             if not nodes:
                 raise NoNsqdAvailable(f"lookupd lists no nsqd for topic {topic!r}")
-            i = self._rr.get(topic, 0)
-            self._rr[topic] = i + 1
-            return nodes[i % len(nodes)].tcp_address, partition
+            return self._take_turns(topic, [n.tcp_address for n in nodes]), partition
         meta = layout.meta
         count = meta.partition_num if meta is not None and meta.partition_num else 0
         if key is not None:
@@ -613,10 +654,27 @@ class Producer:
         parts = sorted(layout.partitions)
         if not parts:
             raise NoNsqdAvailable(f"no partition of {topic!r} is writable right now")
+        addresses = [layout.partitions[p].tcp_address for p in parts]
+        address = self._take_turns(topic, addresses)
+        return address, parts[addresses.index(address)]
+
+    def _take_turns(self, topic: str, addresses: list[str]) -> str:
+        """The next of ``addresses`` in turn, passing over nsqd that are down (unless all
+        are: then the next one anyway)."""
         i = self._rr.get(topic, 0)
         self._rr[topic] = i + 1
-        p = parts[i % len(parts)]
-        return layout.partitions[p].tcp_address, p
+        n = len(addresses)
+        first = addresses[i % n]
+        node = self._by_address.get(first)
+        if node is None or not node.failures:
+            return first
+        now = anyio.current_time()
+        for k in range(n):
+            address = addresses[(i + k) % n]
+            node = self._by_address.get(address)
+            if node is None or node.claim(now):
+                return address
+        return first
 
     def _node(self, address: str) -> _Node:
         node = self._by_address.get(address)
@@ -624,7 +682,7 @@ class Producer:
             node = self._by_address[address] = _Node(address)
         return node
 
-    async def _acquire(self) -> Connection:
+    async def _acquire(self) -> tuple[_Node, Connection]:
         """A connection to the next healthy configured nsqd, round-robin; opens one if needed."""
         nodes = self._direct
         if not nodes:
@@ -638,8 +696,10 @@ class Producer:
         order.sort(key=lambda node: max(0.0, node.down_until - now))
         last: Exception | None = None
         for node in order:
+            if node.failures and not node.claim(now) and node is not order[-1]:
+                continue
             try:
-                return await self._node_connection(node)
+                return node, await self._node_connection(node)
             except ConnectionClosed as exc:
                 last = exc
         raise NoNsqdAvailable(f"no nsqd reachable; last error: {last}") from last
@@ -656,10 +716,16 @@ class Producer:
                 return min(conns, key=lambda c: c.pending)
             try:
                 conn = await Connection.open(node.address, self._config)
-            except ConnectionClosed:
+            except (ConnectionClosed, ProtocolError, InvalidArgument) as exc:
+                # unreachable, not speaking NSQ, or a bad address (port 0 from a lookupd)
+                node.mark_down()
+                if isinstance(exc, ConnectionClosed):
+                    raise
+                raise ConnectFailed(f"nsqd {node.address}: {exc}") from exc
+            except ServerError:
                 node.mark_down()
                 raise
-            node.mark_up()
+            # Not marked up yet: only an answered request shows the node works.
             conn.on_close = lambda c: self._forget(node, c)
             node.connections.append(conn)
             assert self._tg is not None
@@ -669,8 +735,18 @@ class Producer:
     def _forget(self, node: _Node, conn: Connection) -> None:
         if conn in node.connections:
             node.connections.remove(conn)
-        if not self._closed and isinstance(conn.close_reason, ConnectionClosed):
+        if not self._closed and not conn.retiring:  # lost, not closed by us
+            node.mark_down()
             log.warning("connection to nsqd %s lost: %s", node.address, conn.close_reason)
+
+    def _suspect(self, node: _Node, conn: Connection) -> None:
+        """A request timed out: send nothing more through ``conn``, and avoid its nsqd."""
+        node.mark_down()
+        if not conn.retiring and self._tg is not None:
+            log.warning(
+                "nsqd %s did not answer a publish in time; avoiding it for now", node.address
+            )
+            self._tg.start_soon(conn.close, self.timeout)
 
 
 def _pending(conn: Connection) -> int:
