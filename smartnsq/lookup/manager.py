@@ -85,6 +85,8 @@ class LookupManager:
         self.seeds = check_lookupd_addresses(seeds)
         if not self.seeds:
             raise LookupFailed("no lookupd addresses given")
+        if not timeout > 0:
+            raise InvalidArgument("timeout must be > 0 seconds")
         if isinstance(max_response_size, bool) or not isinstance(max_response_size, int):
             raise InvalidArgument(f"max_response_size must be an int, not {max_response_size!r}")
         if max_response_size < 1:

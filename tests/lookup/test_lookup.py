@@ -12,6 +12,7 @@ from smartnsq.lookup import (
     normalize_lookupd_address,
     parse_lookup,
 )
+from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import loads, parse_listlookup
 
 PRODUCER = {
@@ -188,6 +189,21 @@ def test_listlookup_skips_bad_nodes():
 @pytest.mark.parametrize("body", [[], "x", {"lookupdnodes": "x"}, {"lookupdnodes": None}])
 def test_listlookup_of_another_shape_lists_nothing(body):
     assert parse_listlookup(body) == ([], None)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_response_size": 0},
+        {"max_response_size": 1.5},
+        {"answer_grace": -1},
+        {"timeout": 0},
+        {"timeout": float("nan")},
+    ],
+)
+def test_bad_options_say_what_to_fix(options):
+    with pytest.raises(InvalidArgument, match=next(iter(options))):
+        LookupManager(["127.0.0.1:4161"], **options)
 
 
 def test_addresses():
