@@ -1,4 +1,5 @@
-"""Helpers shared by the tests: polling and inspection of real servers, byte chunking."""
+"""Helpers shared by the tests: polling and inspection of real servers, byte chunking, a tiny
+fake HTTP server for hostile behaviour no real server shows."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import json
 import random
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import anyio
+import anyio.abc
 import pytest
 
 from smartnsq import Connection, ConnectionConfig
@@ -152,3 +155,43 @@ async def wait_until(
         await anyio.sleep(0.05)
         last = predicate()
     return last
+
+
+# respond(path with query, stream): write the raw HTTP answer; the connection closes after it.
+Responder = Callable[[str, anyio.abc.ByteStream], Awaitable[None]]
+
+
+@asynccontextmanager
+async def fake_http(respond: Responder) -> AsyncIterator[str]:
+    """An HTTP server on 127.0.0.1 that hands each request's path to ``respond``.
+
+    Yields its ``host:port``; every connection is cut when the block ends.
+    """
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+    async def handle(stream: anyio.abc.ByteStream) -> None:
+        async with stream:
+            try:
+                head = b""
+                while b"\r\n\r\n" not in head and len(head) < 65536:
+                    head += await stream.receive()
+                path = head.split(b" ", 2)[1].decode("latin-1")
+                await respond(path, stream)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+                pass  # the client hung up: what hostile servers are for
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, handle)
+        try:
+            yield f"127.0.0.1:{port}"
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def http_response(status: int, body: bytes, content_type: str = "application/json") -> bytes:
+    """A complete HTTP/1.1 answer with a Content-Length."""
+    return (
+        f"HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body

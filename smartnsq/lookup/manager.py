@@ -7,6 +7,13 @@
 * A topic lookup asks every healthy lookupd at once and merges the answers: the union of
   nodes, and for each partition the leader reported by the cluster's leader lookupd when it
   answered, else by the last lookupd to answer.
+* Every request has ``timeout`` for the whole exchange, body included, and a body is read up
+  to ``max_response_size``. Once one lookupd has given a useful answer the others get
+  ``answer_grace`` more, so a slow lookupd costs the caller that grace, not its timeout. A
+  lookupd that is late, sends too much or sends garbage is ranked down; only
+  :class:`LookupFailed` or :class:`TopicNotFound` reach the caller.
+* Bad entries in an answer (a producer without a valid port, say) are skipped and the rest
+  is used; each kind of problem is logged once per lookupd.
 * :meth:`LookupManager.refresh` is what producers and consumers call on cluster errors:
   concurrent callers share one request, and a topic is re-queried at most once per
   ``min_refresh_interval``, so a burst of errors makes one request, not hundreds.
@@ -17,15 +24,23 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import anyio
 import httpx
 
-from smartnsq.errors import LookupFailed, TopicNotFound
-from smartnsq.lookup.client import ACCEPT, check_lookupd_addresses, fetch_lookup
-from smartnsq.lookup.model import Node, TopicLayout, TopicMeta, unwrap
+from smartnsq.errors import InvalidArgument, LookupFailed, TopicNotFound
+from smartnsq.lookup.client import (
+    MAX_RESPONSE_SIZE,
+    check_lookupd_addresses,
+    fetch_listlookup,
+    fetch_lookup,
+)
+from smartnsq.lookup.model import Node, Skipped, TopicLayout, TopicMeta
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("smartnsq.lookup")
 
@@ -47,7 +62,12 @@ class _Pending:
 
 
 class LookupManager:
-    """Discovers lookupds and answers topic lookups with failover. Use ``async with``."""
+    """Discovers lookupds and answers topic lookups with failover. Use ``async with``.
+
+    ``timeout`` bounds each request to a lookupd (connect to last body byte);
+    ``max_response_size`` caps the bytes read from one answer; ``answer_grace`` is how long
+    the other lookupds may still answer once one has given a useful answer.
+    """
 
     def __init__(
         self,
@@ -59,10 +79,22 @@ class LookupManager:
         max_backoff: float = 30.0,
         cache_ttl: float = 60.0,
         cache_jitter: float = 0.3,
+        max_response_size: int = MAX_RESPONSE_SIZE,
+        answer_grace: float = 0.25,
     ) -> None:
         self.seeds = check_lookupd_addresses(seeds)
         if not self.seeds:
             raise LookupFailed("no lookupd addresses given")
+        if not timeout > 0:
+            raise InvalidArgument("timeout must be > 0 seconds")
+        if isinstance(max_response_size, bool) or not isinstance(max_response_size, int):
+            raise InvalidArgument(f"max_response_size must be an int, not {max_response_size!r}")
+        if max_response_size < 1:
+            raise InvalidArgument("max_response_size must be at least 1 byte")
+        if not answer_grace >= 0:
+            raise InvalidArgument("answer_grace must be >= 0 seconds")
+        self.max_response_size = max_response_size
+        self.answer_grace = answer_grace
         self.timeout = timeout
         self.listlookup_interval = listlookup_interval
         self.min_refresh_interval = min_refresh_interval
@@ -76,6 +108,7 @@ class LookupManager:
         # (topic, access) -> (fetched at, expires at, layout)
         self._cache: dict[tuple[str, str], tuple[float, float, TopicLayout]] = {}
         self._pending: dict[tuple[str, str], _Pending] = {}
+        self._warned: set[tuple[str, str]] = set()  # (lookupd, problem) already logged
         self._client: httpx.AsyncClient | None = None
 
     async def __aenter__(self) -> LookupManager:
@@ -132,38 +165,98 @@ class LookupManager:
         return h is None or h.failures == 0 or h.retry_at <= now
 
     async def discover(self, force: bool = False) -> list[str]:
-        """Expand the seeds with ``/listlookup`` (at most every ``listlookup_interval``)."""
+        """Expand the seeds with ``/listlookup`` (at most every ``listlookup_interval``).
+
+        Every seed is asked at once; seeds are kept whatever they answer.
+        """
         now = time.monotonic()
         if not force and now - self._listed_at < self.listlookup_interval:
             return self._known
         self._listed_at = now
+
+        async def ask(seed: str) -> tuple[list[str], str | None]:
+            skipped: list[Skipped] = []
+            listed = await fetch_listlookup(
+                self.client,
+                seed,
+                timeout=self.timeout,
+                max_response_size=self.max_response_size,
+                skipped=skipped,
+            )
+            self._report(seed, skipped)
+            return listed
+
+        answers, _ = await self._ask(self.seeds, ask, lambda _: True)
         found: dict[str, None] = dict.fromkeys(self.seeds)
         leader: str | None = None
-        for seed in self.seeds:
-            try:
-                resp = await self.client.get(f"{seed}/listlookup", headers=ACCEPT)
-            except httpx.HTTPError as exc:
-                self._failed(seed, exc)
-                continue
-            if resp.status_code == 404 or not resp.content.strip():
-                continue  # classic lookupd, or not HA: the seed is its own cluster
-            if resp.status_code != 200:
-                self._failed(seed, LookupFailed(f"/listlookup answered HTTP {resp.status_code}"))
-                continue
-            try:
-                data = unwrap(resp.json())
-            except ValueError:
-                continue
-            if not isinstance(data, dict):
-                continue
-            for node in data.get("lookupdnodes") or []:
-                url = _node_url(node)
-                if url:
-                    found[url] = None
-            leader = _node_url(data.get("lookupdleader")) or leader
+        for _, (urls, listed_leader) in answers:
+            found.update(dict.fromkeys(urls))
+            leader = listed_leader or leader
         self._known = list(found)
         self._leader = leader
         return self._known
+
+    async def _ask(
+        self,
+        urls: Sequence[str],
+        request: Callable[[str], Awaitable[_T]],
+        useful: Callable[[_T], bool],
+    ) -> tuple[list[tuple[str, _T]], list[str]]:
+        """Send ``request`` to every lookupd in ``urls`` at once.
+
+        Returns the answers in the order they came, and the errors. After the first useful
+        answer the others have ``answer_grace`` left; a lookupd that fails in any way, or is
+        still busy then, is ranked down.
+        """
+        answers: list[tuple[str, _T]] = []
+        errors: list[str] = []
+        finished: set[str] = set()
+
+        async with anyio.create_task_group() as tg:
+
+            async def one(url: str) -> None:
+                try:
+                    answer = await request(url)
+                except LookupFailed as exc:
+                    failure = exc
+                except Exception as exc:  # whatever one lookupd causes is its failure only
+                    log.debug("lookupd %s: unexpected error", url, exc_info=True)
+                    failure = LookupFailed(f"lookupd {url} failed: {exc!r:.200}")
+                else:
+                    finished.add(url)
+                    answers.append((url, answer))
+                    if useful(answer):
+                        grace_end = anyio.current_time() + self.answer_grace
+                        tg.cancel_scope.deadline = min(tg.cancel_scope.deadline, grace_end)
+                    return
+                finished.add(url)
+                errors.append(str(failure))
+                self._failed(url, failure)
+
+            for url in urls:
+                tg.start_soon(one, url)
+        for url in urls:
+            if url not in finished:
+                late = LookupFailed(
+                    f"lookupd {url} had not answered {self.answer_grace}s after another one did"
+                )
+                errors.append(str(late))
+                self._failed(url, late)
+        return answers, errors
+
+    def _report(self, url: str, skipped: list[Skipped]) -> None:
+        """Log skipped entries: each kind of problem once per lookupd, later ones at DEBUG."""
+        for problem, entry in skipped:
+            key = (url, problem)
+            level = logging.DEBUG if key in self._warned else logging.WARNING
+            self._warned.add(key)
+            log.log(
+                level,
+                "lookupd %s sent a %s; skipped it, used the rest (once; then at DEBUG): %s",
+                url,
+                problem,
+                entry,
+            )
 
     @property
     def leader(self) -> str | None:
@@ -181,28 +274,33 @@ class LookupManager:
         await self.discover()
         now = time.monotonic()
         candidates = [u for u in self.ranked() if self._usable(u, now)] or self.ranked()
-        answers: list[tuple[str, TopicLayout]] = []
-        missing = 0
-        errors: list[str] = []
 
-        async def ask(url: str) -> None:
-            nonlocal missing
+        async def ask(url: str) -> TopicLayout | None:
+            skipped: list[Skipped] = []
             try:
-                layout = await fetch_lookup(self.client, url, topic, access=access)
+                layout = await fetch_lookup(
+                    self.client,
+                    url,
+                    topic,
+                    access=access,
+                    timeout=self.timeout,
+                    max_response_size=self.max_response_size,
+                    skipped=skipped,
+                )
             except TopicNotFound:
-                self._succeeded(url)
-                missing += 1
-                return
-            except LookupFailed as exc:
-                self._failed(url, exc)
-                errors.append(str(exc))
-                return
+                layout = None
+            self._report(url, skipped)
             self._succeeded(url)
-            answers.append((url, layout))
+            return layout
 
-        async with anyio.create_task_group() as tg:
-            for url in candidates:
-                tg.start_soon(ask, url)
+        # An answer that lists no nsqd does not start the grace: another lookupd may know more.
+        results, errors = await self._ask(
+            candidates,
+            ask,
+            lambda layout: layout is not None and bool(layout.producers or layout.partitions),
+        )
+        answers = [(url, layout) for url, layout in results if layout is not None]
+        missing = len(results) - len(answers)
         if not answers:
             if missing:
                 if access == "w":
@@ -270,12 +368,3 @@ class LookupManager:
         finally:
             del self._pending[key]
             pending.done.set()
-
-
-def _node_url(node: object) -> str | None:
-    if not isinstance(node, dict):
-        return None
-    ip, port = node.get("NodeIP"), node.get("HttpPort")
-    if not ip or not port:
-        return None
-    return f"http://{ip}:{port}"

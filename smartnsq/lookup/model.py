@@ -3,13 +3,20 @@
 Classic nsqlookupd (1.x flat, 0.x wrapped in ``{"status_code", "data"}``) lists producers;
 Youzan's fork adds ``partitions`` (string keys) and optional ``meta``. Both parse into a
 :class:`TopicLayout`.
+
+A bad entry (a producer without a usable address or port, a partition key that is not a
+number) is skipped and reported, and the rest of the answer is kept: one broken registration
+must not hide every good nsqd. Only an answer that is not an object, or whose ``producers``
+or ``partitions`` have the wrong type, is unusable as a whole.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from smartnsq.errors import ProtocolError
 
@@ -59,20 +66,70 @@ def unwrap(body: Any) -> Any:
     return body
 
 
+class Skipped(NamedTuple):
+    """One entry left out of an answer: what is wrong (a fixed text, fit for de-duplicating
+    log lines) and the entry itself, shortened."""
+
+    problem: str
+    entry: str
+
+
+class _BadEntry(Exception):
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
+_DIGITS = re.compile(r"[0-9]{1,12}")
+
+
+def _parse_int(text: str) -> int | float:
+    # json.loads refuses integers over 4300 digits with ValueError, failing the whole answer;
+    # an absurd number only makes its own entry bad (inf is out of every range).
+    return int(text) if len(text) <= 30 else float("inf")
+
+
+def loads(body: bytes) -> Any:
+    """Decode a lookupd's JSON body. Raises ValueError (or RecursionError on deep nesting)."""
+    return json.loads(body, parse_int=_parse_int)
+
+
+def _int(value: Any) -> int | None:
+    """A whole number from JSON (int, integral float or digit string), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None  # is_integer() is False for inf, nan
+    if isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
+        return int(value)
+    return None
+
+
+def port(value: Any) -> int | None:
+    """A TCP port (1-65535) from JSON, else None."""
+    n = _int(value)
+    return n if n is not None and 0 < n < 65536 else None
+
+
 def _node(raw: Any) -> Node:
     if not isinstance(raw, dict):
-        raise ProtocolError(f"lookupd producer entry is not an object: {raw!r:.100}")
+        raise _BadEntry("entry is not an object")
     host = raw.get("broadcast_address") or raw.get("address") or raw.get("hostname")
-    try:
-        tcp = int(raw["tcp_port"])
-        http = int(raw.get("http_port") or 0)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(
-            f"lookupd producer entry without a valid tcp_port: {raw!r:.200}"
-        ) from exc
-    if not isinstance(host, str) or not host:
-        raise ProtocolError(f"lookupd producer entry without an address: {raw!r:.200}")
-    return Node(host, tcp, http, str(raw.get("version", "")))
+    if not isinstance(host, str) or not host.strip():
+        raise _BadEntry("entry without an address")
+    tcp = port(raw.get("tcp_port"))
+    if tcp is None:
+        raise _BadEntry("entry without a valid tcp_port (1-65535)")
+    # http_port is informative only: a bad one does not make the node unreachable.
+    http = port(raw.get("http_port")) or 0
+    return Node(host.strip(), tcp, http, str(raw.get("version", ""))[:100])
+
+
+def _skip(skipped: list[Skipped] | None, problem: str, entry: Any) -> None:
+    if skipped is not None:
+        skipped.append(Skipped(problem, f"{entry!r:.200}"))
 
 
 def _bool(value: Any) -> bool:
@@ -81,8 +138,26 @@ def _bool(value: Any) -> bool:
     return bool(value)
 
 
-def parse_lookup(body: Any) -> TopicLayout:
-    """Parse a ``/lookup`` answer (already JSON-decoded). Raises :class:`ProtocolError`."""
+def _meta(raw: dict[Any, Any], partitions: int) -> TopicMeta:
+    partition_num = _int(raw.get("partition_num", partitions))
+    replica = _int(raw.get("replica", 1))
+    if partition_num is None or partition_num < 0 or replica is None or replica < 0:
+        raise _BadEntry("meta without valid partition_num and replica")
+    return TopicMeta(
+        partition_num=partition_num,
+        replica=replica,
+        ordered=_bool(raw.get("ordered", False)),
+        extend_support=_bool(raw.get("extend_support", False)),
+    )
+
+
+def parse_lookup(body: Any, skipped: list[Skipped] | None = None) -> TopicLayout:
+    """Parse a ``/lookup`` answer (already JSON-decoded).
+
+    Bad producer or partition entries and a malformed ``meta`` are left out and, when
+    ``skipped`` is given, appended to it. Raises :class:`ProtocolError` only when the answer
+    as a whole is unusable.
+    """
     data = unwrap(body)
     if not isinstance(data, dict):
         raise ProtocolError(f"lookupd answer is not a JSON object: {data!r:.100}")
@@ -91,28 +166,71 @@ def parse_lookup(body: Any) -> TopicLayout:
         producers = []
     if not isinstance(producers, list):
         raise ProtocolError("lookupd answer has a non-list 'producers'")
-    nodes = tuple(dict.fromkeys(_node(p) for p in producers))
-    partitions: dict[int, Node] = {}
     raw_parts = data.get("partitions")
     if raw_parts is None:
         raw_parts = {}
     if not isinstance(raw_parts, dict):
         raise ProtocolError("lookupd answer has a non-object 'partitions'")
+    nodes: dict[Node, None] = {}
+    for raw in producers:
+        try:
+            nodes[_node(raw)] = None
+        except _BadEntry as exc:
+            _skip(skipped, f"producer {exc.problem}", raw)
+    partitions: dict[int, Node] = {}
     for key, value in raw_parts.items():
+        if not _DIGITS.fullmatch(key):  # JSON object keys are strings
+            _skip(skipped, "partition key that is not a non-negative number", key)
+            continue
         try:
             partitions[int(key)] = _node(value)
-        except ValueError as exc:
-            raise ProtocolError(f"lookupd partition key {key!r} is not a number") from exc
+        except _BadEntry as exc:
+            _skip(skipped, f"partition {exc.problem}", value)
     meta = None
     raw_meta = data.get("meta")
     if isinstance(raw_meta, dict):
         try:
-            meta = TopicMeta(
-                partition_num=int(raw_meta.get("partition_num", len(partitions))),
-                replica=int(raw_meta.get("replica", 1)),
-                ordered=_bool(raw_meta.get("ordered", False)),
-                extend_support=_bool(raw_meta.get("extend_support", False)),
-            )
-        except (TypeError, ValueError) as exc:
-            raise ProtocolError(f"lookupd meta is malformed: {raw_meta!r:.200}") from exc
-    return TopicLayout(nodes, partitions, meta)
+            meta = _meta(raw_meta, len(partitions))
+        except _BadEntry as exc:
+            _skip(skipped, exc.problem, raw_meta)
+    return TopicLayout(tuple(nodes), partitions, meta)
+
+
+def parse_listlookup(
+    body: Any, skipped: list[Skipped] | None = None
+) -> tuple[list[str], str | None]:
+    """Parse a Youzan ``/listlookup`` answer into (lookupd base URLs, leader's URL or None).
+
+    Entries without a usable address or HTTP port are left out (and appended to ``skipped``).
+    An answer of another shape (a classic lookupd's, say) lists nothing.
+    """
+    data = unwrap(body)
+    if not isinstance(data, dict):
+        return [], None
+    nodes = data.get("lookupdnodes")
+    urls: dict[str, None] = {}
+    for raw in nodes if isinstance(nodes, list) else []:
+        try:
+            urls[_lookupd_url(raw)] = None
+        except _BadEntry as exc:
+            _skip(skipped, f"lookupd node {exc.problem}", raw)
+    try:
+        leader: str | None = _lookupd_url(data.get("lookupdleader"))
+    except _BadEntry:
+        leader = None  # a cluster without a leader right now sends an empty entry
+    return list(urls), leader
+
+
+_HOST = re.compile(r"[A-Za-z0-9._:%-]{1,253}")
+
+
+def _lookupd_url(raw: Any) -> str:
+    if not isinstance(raw, dict):
+        raise _BadEntry("entry is not an object")
+    ip = raw.get("NodeIP")
+    if not isinstance(ip, str) or not _HOST.fullmatch(ip):
+        raise _BadEntry("entry without a valid NodeIP")
+    http = port(raw.get("HttpPort"))
+    if http is None:
+        raise _BadEntry("entry without a valid HttpPort (1-65535)")
+    return f"http://[{ip}]:{http}" if ":" in ip else f"http://{ip}:{http}"

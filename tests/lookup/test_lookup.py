@@ -1,3 +1,4 @@
+import anyio
 import httpx
 import pytest
 import respx
@@ -11,6 +12,8 @@ from smartnsq.lookup import (
     normalize_lookupd_address,
     parse_lookup,
 )
+from smartnsq.lookup.manager import LookupManager
+from smartnsq.lookup.model import loads, parse_listlookup
 
 PRODUCER = {
     "remote_address": "127.0.0.1:5555",
@@ -61,17 +64,146 @@ def test_ipv6_address():
     [
         [],
         "x",
+        None,
+        {"status_code": 200, "data": []},
         {"producers": "nope"},
-        {"producers": [{"broadcast_address": "h"}]},
-        {"producers": [{"tcp_port": 1}]},
-        {"partitions": {"zero": PRODUCER}},
+        {"producers": {"0": PRODUCER}},
         {"partitions": []},
-        {"meta": {"partition_num": "many"}},
+        {"partitions": "x"},
     ],
 )
-def test_garbage_is_protocol_error(body):
+def test_unusable_answer_is_protocol_error(body):
     with pytest.raises(ProtocolError):
         parse_lookup(body)
+
+
+BAD_ENTRIES = {
+    "not an object": ["10.0.0.9:4150", 4150, None, [PRODUCER]],
+    "address": [
+        {"tcp_port": 4150},
+        {"broadcast_address": "", "tcp_port": 4150},
+        {"broadcast_address": "   ", "tcp_port": 4150},
+        {"broadcast_address": 7, "tcp_port": 4150},
+    ],
+    "tcp_port": [
+        {"broadcast_address": "h"},
+        {"broadcast_address": "h", "tcp_port": None},
+        {"broadcast_address": "h", "tcp_port": "abc"},
+        {"broadcast_address": "h", "tcp_port": "4150abc"},
+        {"broadcast_address": "h", "tcp_port": "1_000"},
+        {"broadcast_address": "h", "tcp_port": 0},
+        {"broadcast_address": "h", "tcp_port": -1},
+        {"broadcast_address": "h", "tcp_port": 65536},
+        {"broadcast_address": "h", "tcp_port": 10**400},
+        {"broadcast_address": "h", "tcp_port": float("inf")},
+        {"broadcast_address": "h", "tcp_port": float("-inf")},
+        {"broadcast_address": "h", "tcp_port": float("nan")},
+        {"broadcast_address": "h", "tcp_port": 4150.5},
+        {"broadcast_address": "h", "tcp_port": True},
+        {"broadcast_address": "h", "tcp_port": [4150]},
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("problem", "entry"),
+    [(problem, entry) for problem, entries in BAD_ENTRIES.items() for entry in entries],
+)
+def test_bad_producer_entry_is_skipped_alone(problem, entry):
+    skipped: list = []
+    layout = parse_lookup({"producers": [entry, PRODUCER]}, skipped)
+    assert layout.producers == (Node("10.0.0.1", 4150, 4151, "1.3.0"),)
+    assert len(skipped) == 1 and problem in skipped[0].problem
+    # The same entry as a partition leader is skipped too, the good partition is kept.
+    skipped.clear()
+    layout = parse_lookup({"partitions": {"0": entry, "1": PRODUCER}}, skipped)
+    assert list(layout.partitions) == [1]
+    assert len(skipped) == 1 and skipped[0].problem.startswith("partition")
+
+
+@pytest.mark.parametrize("key", ["zero", "-1", "1.5", "", " 1", "1e3", "9" * 40])
+def test_bad_partition_key_is_skipped_alone(key):
+    skipped: list = []
+    layout = parse_lookup({"partitions": {key: PRODUCER, "2": PRODUCER}}, skipped)
+    assert list(layout.partitions) == [2]
+    assert [s.problem for s in skipped] == ["partition key that is not a non-negative number"]
+
+
+def test_json_quirks_parse_into_bad_entries_not_errors():
+    # Infinity/NaN and integers past json's 4300-digit limit stay inside their entry.
+    body = (
+        b'{"producers": [{"broadcast_address": "a", "tcp_port": Infinity},'
+        b'{"broadcast_address": "b", "tcp_port": NaN},'
+        b'{"broadcast_address": "c", "tcp_port": ' + b"9" * 5000 + b"},"
+        b'{"broadcast_address": "d", "tcp_port": 1e999},'
+        b'{"broadcast_address": "e", "tcp_port": 4150.0, "http_port": "4151"}]}'
+    )
+    skipped: list = []
+    layout = parse_lookup(loads(body), skipped)
+    assert layout.producers == (Node("e", 4150, 4151),)
+    assert len(skipped) == 4
+
+
+def test_bad_http_port_keeps_the_node():
+    layout = parse_lookup({"producers": [dict(PRODUCER, http_port=-5)]})
+    assert layout.producers == (Node("10.0.0.1", 4150, 0, "1.3.0"),)
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [{"partition_num": "many"}, {"partition_num": -1}, {"replica": float("inf")}],
+)
+def test_malformed_meta_is_dropped_not_the_answer(meta):
+    skipped: list = []
+    layout = parse_lookup({"meta": meta, "partitions": {"0": PRODUCER}}, skipped)
+    assert layout.meta is None and list(layout.partitions) == [0]
+    assert [s.problem for s in skipped] == ["meta without valid partition_num and replica"]
+
+
+def lookupd_node(ip: object, port: object) -> dict:
+    return {"ID": "x", "NodeIP": ip, "TcpPort": "4160", "HttpPort": port, "RpcPort": "1"}
+
+
+def test_listlookup_skips_bad_nodes():
+    body = {
+        "lookupdnodes": [
+            lookupd_node("10.0.0.1", "4161"),
+            lookupd_node("10.0.0.2", "0"),
+            lookupd_node("10.0.0.3", 0),
+            lookupd_node("10.0.0.4", "70000"),
+            lookupd_node("10.0.0.5", float("inf")),
+            lookupd_node("", "4161"),
+            lookupd_node("bad host/path", "4161"),
+            "10.0.0.6:4161",
+            lookupd_node("::1", 4161),
+        ],
+        "lookupdleader": lookupd_node("10.0.0.1", "4161"),
+    }
+    skipped: list = []
+    urls, leader = parse_listlookup(body, skipped)
+    assert urls == ["http://10.0.0.1:4161", "http://[::1]:4161"]
+    assert leader == "http://10.0.0.1:4161"
+    assert len(skipped) == 7
+
+
+@pytest.mark.parametrize("body", [[], "x", {"lookupdnodes": "x"}, {"lookupdnodes": None}])
+def test_listlookup_of_another_shape_lists_nothing(body):
+    assert parse_listlookup(body) == ([], None)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_response_size": 0},
+        {"max_response_size": 1.5},
+        {"answer_grace": -1},
+        {"timeout": 0},
+        {"timeout": float("nan")},
+    ],
+)
+def test_bad_options_say_what_to_fix(options):
+    with pytest.raises(InvalidArgument, match=next(iter(options))):
+        LookupManager(["127.0.0.1:4161"], **options)
 
 
 def test_addresses():
@@ -120,7 +252,9 @@ async def test_fetch_sends_accept_header_and_parses(client, anyio_backend):
         ),
         (httpx.Response(500, text="boom"), LookupFailed),
         (httpx.Response(200, text="{not json"), LookupFailed),
-        (httpx.Response(200, json={"producers": [{"x": 1}]}), LookupFailed),
+        (httpx.Response(200, json={"producers": {"x": 1}}), LookupFailed),
+        (httpx.Response(200, text="[" * 100_000), LookupFailed),  # RecursionError in json
+        (httpx.Response(200, content=b"\xff\xfe"), LookupFailed),
     ],
 )
 async def test_fetch_errors(client, anyio_backend, response, error):
@@ -136,3 +270,46 @@ async def test_fetch_timeout(client, anyio_backend):
     respx.get(f"{BASE}/lookup").mock(side_effect=httpx.ConnectTimeout("slow"))
     with pytest.raises(LookupFailed, match="unreachable"):
         await fetch_lookup(client, BASE, "t")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@respx.mock
+async def test_fetch_skips_bad_entries_and_reports_them(client, anyio_backend):
+    body = {"producers": [{"broadcast_address": "h", "tcp_port": 0}, PRODUCER]}
+    respx.get(f"{BASE}/lookup").mock(return_value=httpx.Response(200, json=body))
+    skipped: list = []
+    layout = await fetch_lookup(client, BASE, "t", skipped=skipped)
+    assert [n.broadcast_address for n in layout.producers] == ["10.0.0.1"]
+    assert [s.problem for s in skipped] == ["producer entry without a valid tcp_port (1-65535)"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@respx.mock
+async def test_fetch_caps_the_body(client, anyio_backend):
+    pieces = 0
+
+    async def endless():
+        nonlocal pieces
+        while pieces < 10_000:
+            pieces += 1
+            yield b" " * 1024
+
+    respx.get(f"{BASE}/lookup").mock(return_value=httpx.Response(200, content=endless()))
+    with pytest.raises(LookupFailed, match="more than 4096 bytes"):
+        await fetch_lookup(client, BASE, "t", max_response_size=4096)
+    assert pieces == 5  # stopped reading right after the cap
+
+
+@pytest.mark.anyio
+@respx.mock
+async def test_fetch_deadline_covers_the_body(client, anyio_backend):
+    async def drip():
+        for _ in range(100):
+            yield b" "
+            await anyio.sleep(0.05)  # each read is quick: only a total deadline ends this
+
+    respx.get(f"{BASE}/lookup").mock(return_value=httpx.Response(200, content=drip()))
+    with anyio.fail_after(3), pytest.raises(LookupFailed, match=r"within 0\.3s"):
+        await fetch_lookup(client, BASE, "t", timeout=0.3)
