@@ -16,6 +16,10 @@ ACCEPT = {"Accept": "application/vnd.nsq; version=1.0", "Accept-Encoding": "iden
 MAX_RESPONSE_SIZE = 4 << 20
 
 
+class NoListLookup(LookupFailed):
+    """The lookupd answers 404 to ``/listlookup``: a classic lookupd, not worth asking again."""
+
+
 def normalize_lookupd_address(address: str) -> str:
     """``host:port`` or ``http(s)://host:port[/]`` -> base URL without trailing slash."""
     if not isinstance(address, str) or not address.strip():
@@ -117,13 +121,16 @@ async def fetch_listlookup(
 ) -> tuple[list[str], str | None]:
     """``GET /listlookup`` on one lookupd: the cluster's lookupds and its leader, if any.
 
-    A classic lookupd (404, an empty or foreign answer) lists nothing. Network errors, other
+    A classic lookupd answers 404 (:class:`NoListLookup`); an empty or foreign answer lists
+    nothing. Network errors, other
     statuses and answers late or too large raise :class:`LookupFailed`.
     """
     status, body = await fetch(
         client, base_url, "/listlookup", timeout=timeout, max_response_size=max_response_size
     )
-    if status == 404 or not body.strip():
+    if status == 404:
+        raise NoListLookup(f"lookupd {base_url} has no /listlookup (a classic lookupd)")
+    if not body.strip():
         return [], None
     if status != 200:
         raise LookupFailed(f"lookupd {base_url} answered HTTP {status} to /listlookup")

@@ -34,6 +34,7 @@ import httpx
 from smartnsq.errors import InvalidArgument, LookupFailed, TopicNotFound
 from smartnsq.lookup.client import (
     MAX_RESPONSE_SIZE,
+    NoListLookup,
     check_lookupd_addresses,
     fetch_listlookup,
     fetch_lookup,
@@ -104,6 +105,7 @@ class LookupManager:
         self._known: list[str] = list(self.seeds)
         self._leader: str | None = None
         self._listed_at = -float("inf")
+        self._no_listlookup: set[str] = set()  # lookupds that answered 404 to /listlookup
         self._health: dict[str, _Health] = {}
         # (topic, access) -> (fetched at, expires at, layout)
         self._cache: dict[tuple[str, str], tuple[float, float, TopicLayout]] = {}
@@ -175,14 +177,20 @@ class LookupManager:
         self._listed_at = now
 
         async def ask(seed: str) -> tuple[list[str], str | None]:
+            if seed in self._no_listlookup:
+                return [], None
             skipped: list[Skipped] = []
-            listed = await fetch_listlookup(
-                self.client,
-                seed,
-                timeout=self.timeout,
-                max_response_size=self.max_response_size,
-                skipped=skipped,
-            )
+            try:
+                listed = await fetch_listlookup(
+                    self.client,
+                    seed,
+                    timeout=self.timeout,
+                    max_response_size=self.max_response_size,
+                    skipped=skipped,
+                )
+            except NoListLookup:
+                self._no_listlookup.add(seed)  # classic: its own cluster; never ask again
+                return [], None
             self._report(seed, skipped)
             return listed
 

@@ -255,3 +255,12 @@ async def test_skipped_entries_are_logged_once_per_problem_and_lookupd(anyio_bac
     assert len(warnings) == 2, warnings  # bad port, no address: each once
     assert any("tcp_port" in w for w in warnings) and any("address" in w for w in warnings)
     assert sum(r.levelno == logging.DEBUG and "skipped" in r.getMessage() for r in caplog.records)
+
+
+@respx.mock
+async def test_a_lookupd_without_listlookup_is_not_asked_again(anyio_backend):
+    listing = respx.get(f"{A}/listlookup").mock(return_value=httpx.Response(404))
+    async with LookupManager([A], listlookup_interval=0) as lm:
+        for _ in range(3):
+            assert await lm.discover() == [A]
+    assert listing.call_count == 1
