@@ -1,5 +1,7 @@
 """smartnsq: an NSQ client for classic nsqd and Youzan's partitioned HA fork."""
 
+import logging
+
 from smartnsq._version import __version__
 from smartnsq.connection import Connection, ConnectionConfig, Features
 from smartnsq.consumer import Consumer, ConsumerStats
@@ -18,3 +20,7 @@ __all__ = [
     "PublishResult",
     "__version__",
 ]
+
+# A library logs only where the application asked for logs: without this, Python's
+# last-resort handler prints our warnings to stderr of programs that configured nothing.
+logging.getLogger("smartnsq").addHandler(logging.NullHandler())

@@ -16,8 +16,17 @@ def emit(event: str, **fields: Any) -> None:
         TRACE_LOGGER.info("%s %s", event, record, extra={"trace": record})
 
 
+# What every LogRecord has; anything else on a record came from ``extra=``.
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger and the trace fields."""
+    """One JSON object per line: time, level, logger, the message or trace fields, the
+    fields given with ``extra=``, and the traceback (``exc_info``) and stack, when present."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
@@ -30,4 +39,13 @@ class JsonFormatter(logging.Formatter):
             out.update(trace)
         else:
             out["message"] = record.getMessage()
+        for key, value in vars(record).items():
+            if key not in _STANDARD and key != "trace" and key not in out:
+                out[key] = value
+        if record.exc_info:
+            out["exc_info"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exc_info"] = record.exc_text
+        if record.stack_info:
+            out["stack_info"] = self.formatStack(record.stack_info)
         return json.dumps(out, separators=(",", ":"), default=str)
