@@ -6,6 +6,7 @@ from smartnsq.consumer import Consumer, ConsumerStats
 from smartnsq.message import Message
 from smartnsq.producer import Producer
 from smartnsq.protocol.message import PublishResult
+from smartnsq.runner import run, serve
 
 __all__ = [
     "Connection",
@@ -17,4 +18,6 @@ __all__ = [
     "Producer",
     "PublishResult",
     "__version__",
+    "run",
+    "serve",
 ]
