@@ -85,6 +85,9 @@ async def serve(
     is shielded from cancellation, so nsqd gets an answer for every message held. An
     exception raised by ``main`` is re-raised once everything is stopped. Pass
     ``signals=()`` to handle no signal (required outside the main thread).
+
+    A message that a handler kept with ``disable_auto_response()`` and left unanswered after
+    returning is not requeued by the stop: it stays in flight until nsqd's message timeout.
     """
     await _plan(clients, main, stop_timeout, signals).serve()
 
