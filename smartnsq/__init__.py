@@ -8,6 +8,7 @@ from smartnsq.consumer import Consumer, ConsumerStats
 from smartnsq.message import Message
 from smartnsq.producer import Producer
 from smartnsq.protocol.message import PublishResult
+from smartnsq.runner import run, serve
 
 __all__ = [
     "Connection",
@@ -19,6 +20,8 @@ __all__ = [
     "Producer",
     "PublishResult",
     "__version__",
+    "run",
+    "serve",
 ]
 
 # A library logs only where the application asked for logs: without this, Python's

@@ -276,6 +276,7 @@ class Consumer:
         self._requery = anyio.Event()
         self._stopped = anyio.Event()
         self._stopping = False
+        self._draining: anyio.CancelScope | None = None  # stop()'s wait for running handlers
         self._started = False
         self._pulled: Message | None = None
         self._lookup = (
@@ -344,7 +345,13 @@ class Consumer:
         running handlers finish for up to ``timeout`` seconds (their messages are then FINed or
         REQed as usual; handlers still running after that are cancelled and their messages
         requeued), then closes the connections.
+
+        Called again while a stop is under way, it waits for that stop, cutting its wait for
+        running handlers down to ``timeout`` if that is sooner (say, on a second Ctrl-C).
         """
+        draining = self._draining
+        if draining is not None:
+            draining.deadline = min(draining.deadline, anyio.current_time() + timeout)
         await self._stop(timeout, pulled_done=True)
 
     async def _stop(self, timeout: float, pulled_done: bool) -> None:
@@ -365,9 +372,10 @@ class Consumer:
                 self._finish(pulled)
             else:
                 self._requeue(pulled, 0, False)
-        with anyio.move_on_after(timeout):
+        with anyio.move_on_after(timeout) as self._draining:
             while self._running():
                 await anyio.sleep(0.01)
+        self._draining = None
         if self._workers is not None:
             self._workers.cancel()
         for msg in self._running():
