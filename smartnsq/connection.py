@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 import snappy  # type: ignore[import-untyped]
 
+from smartnsq import _checks
 from smartnsq._version import __version__
 from smartnsq.errors import (
     ConnectFailed,
@@ -62,6 +63,7 @@ def parse_address(address: str, default_port: int = 4150) -> tuple[str, int]:
     """Split ``host:port`` (``[v6]:port`` too) and check it."""
     if not isinstance(address, str) or not address:
         raise InvalidArgument(f"nsqd address must be a 'host:port' string, not {address!r}")
+    _checks.check_no_scheme(address)
     host, sep, port_text = address.rpartition(":")
     if not sep:
         host, port_text = address, str(default_port)
@@ -100,6 +102,7 @@ class ConnectionConfig:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
 
     def __post_init__(self) -> None:
+        _checks.check_config(self)
         if self.snappy and self.deflate:
             raise InvalidArgument("choose either snappy or deflate compression, not both")
         if not 1 <= self.deflate_level <= 9:

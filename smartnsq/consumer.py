@@ -20,6 +20,13 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from smartnsq._checks import (
+    DELAY_LIMIT,
+    check_addresses,
+    check_bool,
+    check_callable,
+    check_number,
+)
 from smartnsq.connection import Connection, ConnectionConfig, parse_address
 from smartnsq.errors import (
     ConnectionClosed,
@@ -196,22 +203,31 @@ class Consumer:
         self.channel = validate_channel(channel)
         if handler is not None and not callable(handler):
             raise InvalidType("handler must be a callable taking one Message (or None to pull)")
-        if isinstance(nsqd_tcp_addresses, str):
-            nsqd_tcp_addresses = [nsqd_tcp_addresses]
+        nsqd_tcp_addresses = check_addresses("nsqd_tcp_addresses", nsqd_tcp_addresses)
         for address in nsqd_tcp_addresses:
             parse_address(address)
-        lookupds = check_lookupd_addresses(lookupd_http_addresses)
+        lookupds = check_lookupd_addresses(
+            check_addresses("lookupd_http_addresses", lookupd_http_addresses)
+        )
         self._direct = list(dict.fromkeys(nsqd_tcp_addresses))
         if not self._direct and not lookupds:
             raise InvalidArgument(
                 "Consumer needs nsqd_tcp_addresses or lookupd_http_addresses (or both)"
             )
-        _non_negative(
-            max_in_flight=max_in_flight,
-            max_attempts=max_attempts,
-            requeue_delay=requeue_delay,
-            max_requeue_delay=max_requeue_delay,
-        )
+        check_number("max_in_flight", max_in_flight, integer=True, min=0)
+        check_number("max_attempts", max_attempts, integer=True, min=0)
+        check_number("requeue_delay", requeue_delay, min=0)
+        check_number("max_requeue_delay", max_requeue_delay, min=0, max=DELAY_LIMIT)
+        check_bool("backoff", backoff)
+        check_number("lookupd_poll_jitter", lookupd_poll_jitter)
+        check_number("concurrency", concurrency, integer=True, allow_none=True)
+        check_bool("auto_touch", auto_touch)
+        check_bool("ordered", ordered, allow_none=True)
+        check_bool("ext", ext, allow_none=True)
+        check_callable("on_order_violation", on_order_violation)
+        check_callable("on_blocked", on_blocked)
+        check_number("blocked_warn_attempts", blocked_warn_attempts, integer=True, min=1)
+        check_number("blocked_error_attempts", blocked_error_attempts, integer=True, min=1)
         _positive(
             max_backoff_duration=max_backoff_duration,
             backoff_unit=backoff_unit,
@@ -345,6 +361,7 @@ class Consumer:
         REQed as usual; handlers still running after that are cancelled and their messages
         requeued), then closes the connections.
         """
+        check_number("timeout", timeout, min=0)
         await self._stop(timeout, pulled_done=True)
 
     async def _stop(self, timeout: float, pulled_done: bool) -> None:
@@ -391,8 +408,7 @@ class Consumer:
 
     def set_max_in_flight(self, value: int) -> None:
         """Change max_in_flight at run time; 0 pauses consumption."""
-        if not isinstance(value, int) or value < 0:
-            raise InvalidArgument(f"max_in_flight must be an int >= 0, not {value!r}")
+        check_number("max_in_flight", value, integer=True, min=0)
         self._max_in_flight = value
         self._redistribute()
 
@@ -1006,13 +1022,6 @@ def _is_async(fn: Callable[..., Any]) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
-def _non_negative(**values: float) -> None:
-    for name, value in values.items():
-        if not isinstance(value, int | float) or value < 0:
-            raise InvalidArgument(f"{name} must be a number >= 0, not {value!r}")
-
-
 def _positive(**values: float) -> None:
     for name, value in values.items():
-        if not isinstance(value, int | float) or not value > 0:
-            raise InvalidArgument(f"{name} must be a number > 0, not {value!r}")
+        check_number(name, value, above=0)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import anyio
 import httpx
 
+from smartnsq import _checks
 from smartnsq.errors import LookupFailed, TopicNotFound
 from smartnsq.lookup.client import ACCEPT, check_lookupd_addresses, fetch_lookup
 from smartnsq.lookup.model import Node, TopicLayout, TopicMeta, unwrap
@@ -60,6 +61,8 @@ class LookupManager:
         cache_ttl: float = 60.0,
         cache_jitter: float = 0.3,
     ) -> None:
+        _checks.check_lookup_options(seeds, timeout, listlookup_interval, min_refresh_interval,
+                                     max_backoff, cache_ttl, cache_jitter)  # fmt: skip
         self.seeds = check_lookupd_addresses(seeds)
         if not self.seeds:
             raise LookupFailed("no lookupd addresses given")
