@@ -3,19 +3,26 @@
 Every check raises :class:`~smartnsq.errors.InvalidType` for a value of the wrong type and
 :class:`~smartnsq.errors.InvalidArgument` for one out of range, with a message that names the
 argument and says what it accepts. They run before anything is sent.
+
+Also here: the owner checks that stop a client from being used from another thread or after
+``fork()``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import ssl
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from smartnsq.errors import (
     InvalidArgument,
     InvalidType,
+    UsedAfterFork,
+    WrongEventLoop,
 )
 
 if TYPE_CHECKING:
@@ -222,3 +229,45 @@ def check_requeue_delay(value: Any) -> float | None:
         return None
     delay: float = check_number("requeue delay", value, min=0)
     return delay if delay <= DELAY_LIMIT else DELAY_LIMIT
+
+
+# -- owner: thread and process ---------------------------------------------------------------
+
+# Bumped in a forked child: comparing it is cheaper than calling os.getpid() per call.
+FORKS = [0]
+
+
+def _after_fork() -> None:
+    FORKS[0] += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+get_ident: Callable[[], int] = threading.get_ident
+
+
+def owner() -> tuple[int, int]:
+    """(thread, fork generation) of the caller: recorded when a client starts."""
+    return get_ident(), FORKS[0]
+
+
+def wrong_owner(kind: str, thread: int | None, forks: int) -> None:
+    """Raise the error for a client used outside its thread or process.
+
+    Called only when the cheap comparison failed. A client never started (``thread`` None)
+    passes: the caller reports that itself.
+    """
+    if thread is None:
+        return
+    if forks != FORKS[0]:
+        raise UsedAfterFork(
+            f"this {kind} was started in the parent process and cannot be used after fork(): "
+            f"its connections belong to the parent; create a new {kind} in the child"
+        )
+    if thread != get_ident():
+        raise WrongEventLoop(
+            f"this {kind} was started in another thread's event loop: create the {kind} "
+            f"inside the event loop (and thread) that uses it; with plain threads use one "
+            f"{kind} per thread"
+        )

@@ -22,10 +22,14 @@ import anyio.abc
 
 from smartnsq._checks import (
     DELAY_LIMIT,
+    FORKS,
     check_addresses,
     check_bool,
     check_callable,
     check_number,
+    get_ident,
+    owner,
+    wrong_owner,
 )
 from smartnsq.connection import Connection, ConnectionConfig, parse_address
 from smartnsq.errors import (
@@ -293,6 +297,8 @@ class Consumer:
         self._stopped = anyio.Event()
         self._stopping = False
         self._started = False
+        self._thread: int | None = None  # owner thread and fork generation, set on start
+        self._forks = FORKS[0]
         self._pulled: Message | None = None
         self._lookup = (
             LookupManager(lookupds, listlookup_interval=lookupd_poll_interval) if lookupds else None
@@ -316,6 +322,7 @@ class Consumer:
         if self._started:
             raise NSQError("a Consumer can be started only once")
         self._started = True
+        self._thread, self._forks = owner()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._start_tasks(self._tg)
@@ -335,6 +342,7 @@ class Consumer:
         if self._started:
             raise NSQError("a Consumer can be started only once")
         self._started = True
+        self._thread, self._forks = owner()
         async with anyio.create_task_group() as tg:
             self._tg = tg
             self._start_tasks(tg)
@@ -361,6 +369,8 @@ class Consumer:
         REQed as usual; handlers still running after that are cancelled and their messages
         requeued), then closes the connections.
         """
+        if self._thread != get_ident() or self._forks != FORKS[0]:
+            wrong_owner("Consumer", self._thread, self._forks)
         check_number("timeout", timeout, min=0)
         await self._stop(timeout, pulled_done=True)
 
@@ -408,6 +418,8 @@ class Consumer:
 
     def set_max_in_flight(self, value: int) -> None:
         """Change max_in_flight at run time; 0 pauses consumption."""
+        if self._thread != get_ident() or self._forks != FORKS[0]:
+            wrong_owner("Consumer", self._thread, self._forks)
         check_number("max_in_flight", value, integer=True, min=0)
         self._max_in_flight = value
         self._redistribute()
@@ -431,6 +443,8 @@ class Consumer:
     # -- pulling ---------------------------------------------------------------------------------
 
     def __aiter__(self) -> AsyncIterator[Message]:
+        if self._thread != get_ident() or self._forks != FORKS[0]:
+            wrong_owner("Consumer", self._thread, self._forks)
         if self._handler is not None:
             raise NSQError("this Consumer has a handler; iterate only over a handler-less one")
         if not self._started:
@@ -438,6 +452,8 @@ class Consumer:
         return self
 
     async def __anext__(self) -> Message:
+        if self._thread != get_ident() or self._forks != FORKS[0]:
+            wrong_owner("Consumer", self._thread, self._forks)
         prev = self._pulled
         if prev is not None and prev._auto and not prev._responded:
             self._finish(prev)

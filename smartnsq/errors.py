@@ -55,6 +55,8 @@ __all__ = [
     "TopicNotExist",
     "TouchFailed",
     "Unauthorized",
+    "UsedAfterFork",
+    "WrongEventLoop",
     "error_from_frame",
 ]
 
@@ -88,6 +90,17 @@ class MessageTooLarge(InvalidArgument):
 
 class NotSupported(NSQError):
     """The server (or its kind) does not support the requested feature."""
+
+
+class WrongEventLoop(NSQError, RuntimeError):
+    """A client was used from a thread other than the one whose event loop started it.
+
+    Its connections belong to that loop. Nothing was sent.
+    """
+
+
+class UsedAfterFork(NSQError, RuntimeError):
+    """A client started before ``fork()`` was used in the child process. Nothing was sent."""
 
 
 # -- transport ---------------------------------------------------------------------------------

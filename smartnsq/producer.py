@@ -16,11 +16,15 @@ import anyio.abc
 from smartnsq._checks import (
     DEFAULT_MAX_DELAY,
     DELAY_LIMIT,
+    FORKS,
     check_addresses,
     check_delay,
     check_identify,
     check_number,
     check_timeout,
+    get_ident,
+    owner,
+    wrong_owner,
 )
 from smartnsq.connection import Connection, ConnectionConfig, parse_address
 from smartnsq.errors import (
@@ -113,6 +117,7 @@ class Producer:
 
     ``max_delay`` (seconds, default one hour as nsqd's ``--max-req-timeout``) is the longest
     ``delay`` :meth:`publish` accepts; raise it when your nsqd allows more.
+    A Producer belongs to the event loop (thread) and process that entered it.
     """
 
     def __init__(
@@ -192,6 +197,8 @@ class Producer:
         self.max_message_size = max_message_size
         self.max_body_size = max_body_size
         self.max_delay = max_delay
+        self._thread: int | None = None  # owner thread and fork generation, set on entry
+        self._forks = FORKS[0]
         self._topics: set[str] = set()
         self._pub_lines: dict[str, bytes] = {}
         self._tg: anyio.abc.TaskGroup | None = None
@@ -202,6 +209,7 @@ class Producer:
     async def __aenter__(self) -> Producer:
         if self._tg is not None or self._closed:
             raise NSQError("a Producer can be entered only once")
+        self._thread, self._forks = owner()
         if self._lookup is not None:
             await self._lookup.__aenter__()
         self._tg = anyio.create_task_group()
@@ -252,6 +260,8 @@ class Producer:
         header of an ext topic. Plain publishes return ``None``.
         ``delay`` may not exceed ``max_delay`` (see :class:`Producer`).
         """
+        if self._thread != get_ident() or self._forks != FORKS[0]:
+            wrong_owner("Producer", self._thread, self._forks)
         if type(topic) is not str or topic not in self._topics:
             self._topics.add(validate_topic(topic))
         if timeout is not None:
@@ -340,6 +350,8 @@ class Producer:
         acknowledged. With ``trace_ids`` (one per message; generated when tracing is on for the
         topic) it sends MPUB_TRACE and returns one :class:`PublishResult` per batch.
         """
+        if self._thread != get_ident() or self._forks != FORKS[0]:
+            wrong_owner("Producer", self._thread, self._forks)
         if type(topic) is not str or topic not in self._topics:
             self._topics.add(validate_topic(topic))
         if timeout is not None:
