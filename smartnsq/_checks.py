@@ -5,7 +5,7 @@ Every check raises :class:`~smartnsq.errors.InvalidType` for a value of the wron
 argument and says what it accepts. They run before anything is sent.
 
 Also here: the owner checks that stop a client from being used from another thread or after
-``fork()``.
+``fork()``, and the decision whether an AUTH secret may go out without TLS.
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ import math
 import os
 import ssl
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from smartnsq.errors import (
+    InsecureAuth,
+    InsecureAuthWarning,
     InvalidArgument,
     InvalidType,
     UsedAfterFork,
@@ -182,6 +185,7 @@ def check_config(c: ConnectionConfig) -> None:
     check_bool("deflate", c.deflate)
     check_number("deflate_level", c.deflate_level, integer=True, min=1, max=9)
     check_secret(c.auth_secret)
+    check_bool("auth_over_plaintext", c.auth_over_plaintext)
     check_bool("extend_support", c.extend_support, allow_none=True)
     check_identify("identify", c.identify_extra)
     check_timeout("connect_timeout", c.connect_timeout)
@@ -270,4 +274,30 @@ def wrong_owner(kind: str, thread: int | None, forks: int) -> None:
             f"this {kind} was started in another thread's event loop: create the {kind} "
             f"inside the event loop (and thread) that uses it; with plain threads use one "
             f"{kind} per thread"
+        )
+
+
+# -- AUTH without TLS --------------------------------------------------------------------------
+
+_warned_plaintext_auth = False
+
+
+def check_plaintext_auth(address: str, config: ConnectionConfig, tls: bool) -> None:
+    """Called right before the AUTH secret is written: refuse or warn when TLS is off."""
+    global _warned_plaintext_auth
+    if tls:
+        return
+    if not config.auth_over_plaintext:
+        raise InsecureAuth(
+            f"nsqd {address} asks for AUTH but the connection is not encrypted and "
+            "auth_over_plaintext=False: the secret was not sent; enable TLS (tls=True) "
+            "or allow plain-text AUTH"
+        )
+    if not _warned_plaintext_auth:
+        _warned_plaintext_auth = True
+        warnings.warn(
+            f"sending the AUTH secret to nsqd {address} without TLS: anyone on the network "
+            "path can read it; use tls=True, or auth_over_plaintext=False to refuse",
+            InsecureAuthWarning,
+            stacklevel=2,
         )

@@ -94,12 +94,14 @@ class ConnectionConfig:
     snappy: bool = False
     deflate: bool = False
     deflate_level: int = 6
-    auth_secret: str | bytes | None = None
+    auth_secret: str | bytes | None = field(default=None, repr=False)
     extend_support: bool | None = None  # Youzan: only when the topic is an ext topic
     identify_extra: Mapping[str, Any] = field(default_factory=dict)
     connect_timeout: float = 5.0
     handshake_timeout: float = 5.0
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    # False: refuse to send auth_secret to an nsqd that asks for it without TLS.
+    auth_over_plaintext: bool = True
 
     def __post_init__(self) -> None:
         _checks.check_config(self)
@@ -440,6 +442,7 @@ class Connection:
         if f.auth_required:
             if cfg.auth_secret is None:
                 raise ConnectFailed(f"nsqd {self.address} requires AUTH but no auth_secret was set")
+            _checks.check_plaintext_auth(self.address, cfg, f.tls)
             secret = cfg.auth_secret
             await self._write_now(
                 commands.auth(secret.encode() if isinstance(secret, str) else secret)

@@ -202,6 +202,7 @@ class Consumer:
         on_blocked: Callable[[Message], Any] | None = None,
         blocked_warn_attempts: int = 10,
         blocked_error_attempts: int = 50,
+        auth_over_plaintext: bool = True,
     ) -> None:
         self.topic = validate_topic(topic)
         self.channel = validate_channel(channel)
@@ -278,6 +279,7 @@ class Consumer:
             msg_timeout=msg_timeout,
             sample_rate=sample_rate,
             connect_timeout=connect_timeout,
+            auth_over_plaintext=auth_over_plaintext,
         )
 
         self._readers: dict[Target, _Reader] = {}

@@ -28,6 +28,8 @@ __all__ = [
     "ExtNotSupported",
     "FinFailed",
     "IdentifyFailed",
+    "InsecureAuth",
+    "InsecureAuthWarning",
     "InvalidArgument",
     "InvalidChannel",
     "InvalidCommand",
@@ -103,6 +105,10 @@ class UsedAfterFork(NSQError, RuntimeError):
     """A client started before ``fork()`` was used in the child process. Nothing was sent."""
 
 
+class InsecureAuthWarning(UserWarning):
+    """The AUTH secret is about to be sent without TLS (given once per process)."""
+
+
 # -- transport ---------------------------------------------------------------------------------
 
 
@@ -116,6 +122,13 @@ class ConnectionClosed(NSQError, ConnectionError):
 
 class ConnectFailed(ConnectionClosed):
     """Could not open or handshake a connection to an nsqd."""
+
+
+class InsecureAuth(ConnectFailed):
+    """nsqd asked for AUTH on an unencrypted connection and ``auth_over_plaintext`` is False.
+
+    The secret was not sent.
+    """
 
 
 class NSQTimeout(NSQError, TimeoutError):

@@ -117,6 +117,7 @@ class Producer:
 
     ``max_delay`` (seconds, default one hour as nsqd's ``--max-req-timeout``) is the longest
     ``delay`` :meth:`publish` accepts; raise it when your nsqd allows more.
+    ``auth_over_plaintext=False`` refuses to send ``auth_secret`` to an nsqd without TLS.
     A Producer belongs to the event loop (thread) and process that entered it.
     """
 
@@ -144,6 +145,7 @@ class Producer:
         client_id: str | None = None,
         identify: dict[str, Any] | None = None,
         max_delay: float = DEFAULT_MAX_DELAY,
+        auth_over_plaintext: bool = True,
     ) -> None:
         nsqd_tcp_addresses = check_addresses("nsqd_tcp_addresses", nsqd_tcp_addresses)
         lookupds = check_lookupd_addresses(
@@ -178,6 +180,7 @@ class Producer:
             heartbeat_interval=heartbeat_interval,
             connect_timeout=connect_timeout,
             identify_extra=identify or {},
+            auth_over_plaintext=auth_over_plaintext,
         )
         self._by_address: dict[str, _Node] = {}
         self._direct = [self._node(a) for a in dict.fromkeys(nsqd_tcp_addresses)]

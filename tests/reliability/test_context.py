@@ -3,19 +3,27 @@ child, and an AUTH secret about to cross an unencrypted connection."""
 
 from __future__ import annotations
 
+import json
 import os
+import warnings
 from typing import Any
 
 import anyio
 import anyio.abc
 import pytest
 
-from smartnsq import Consumer, Producer, _checks
+from smartnsq import Connection, ConnectionConfig, Consumer, Producer, _checks
 from smartnsq.errors import (
+    ConnectFailed,
+    InsecureAuth,
+    InsecureAuthWarning,
+    InvalidType,
+    NoNsqdAvailable,
     NSQError,
     UsedAfterFork,
     WrongEventLoop,
 )
+from smartnsq.protocol.frames import FRAME_RESPONSE, encode_frame
 from tests.helpers import topic_stats, unique, wait_until
 
 pytestmark = [pytest.mark.reliability, pytest.mark.anyio]
@@ -161,3 +169,133 @@ async def test_a_client_never_started_keeps_its_own_error(anyio_backend: str) ->
             await producer.publish("t", b"x")
     finally:
         _checks.FORKS[0] -= 1
+
+
+# -- AUTH without TLS ------------------------------------------------------------------------------
+
+SECRET = "s3cret-token"
+
+
+def _causes(exc: BaseException | None) -> list[BaseException]:
+    """``exc`` and its chain of causes (Connection.open wraps handshake failures)."""
+    chain = []
+    while exc is not None:
+        chain.append(exc)
+        exc = exc.__cause__
+    return chain
+
+
+class _AuthNsqd:
+    """A minimal nsqd that demands AUTH (without offering TLS) and records every byte."""
+
+    def __init__(self) -> None:
+        self.received = bytearray()
+
+    async def handle(self, stream: anyio.abc.ByteStream) -> None:
+        buf = bytearray()
+
+        async def more() -> None:
+            chunk = await stream.receive()
+            self.received += chunk
+            buf.extend(chunk)
+
+        async def need(n: int) -> bytes:
+            while len(buf) < n:
+                await more()
+            out = bytes(buf[:n])
+            del buf[:n]
+            return out
+
+        async def line() -> bytes:
+            while b"\n" not in buf:
+                await more()
+            i = buf.index(b"\n")
+            out = bytes(buf[:i])
+            del buf[: i + 1]
+            return out
+
+        async def body() -> bytes:
+            size = int.from_bytes(await need(4), "big")
+            return await need(size)
+
+        async with stream:
+            try:
+                await need(4)  # magic
+                await line()  # IDENTIFY
+                await body()
+                reply = {"version": "1.3.0", "max_rdy_count": 2500, "auth_required": True}
+                await stream.send(encode_frame(FRAME_RESPONSE, json.dumps(reply).encode()))
+                while True:
+                    command = await line()
+                    if command == b"AUTH" or command.startswith(b"PUB "):
+                        await body()
+                        answer = b'{"identity":"tester","permission_count":1}'
+                        await stream.send(
+                            encode_frame(FRAME_RESPONSE, answer if command == b"AUTH" else b"OK")
+                        )
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                pass
+
+
+@pytest.fixture
+async def auth_nsqd() -> Any:
+    server = _AuthNsqd()
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, server.handle)
+        yield server, f"127.0.0.1:{port}"
+        tg.cancel_scope.cancel()
+
+
+async def test_auth_over_plaintext_false_refuses_before_the_secret_is_written(
+    auth_nsqd: Any, anyio_backend: str
+) -> None:
+    server, address = auth_nsqd
+    config = ConnectionConfig(auth_secret=SECRET, auth_over_plaintext=False)
+    with anyio.fail_after(10), pytest.raises(ConnectFailed, match="secret was not sent") as info:
+        await Connection.open(address, config)
+    assert any(isinstance(e, InsecureAuth) for e in _causes(info.value))
+    assert SECRET not in str(info.value)
+    assert b"IDENTIFY" in server.received  # the handshake did reach the server ...
+    assert b"AUTH" not in server.received  # ... and stopped before AUTH
+    assert SECRET.encode() not in server.received
+
+    async with Producer([address], auth_secret=SECRET, auth_over_plaintext=False) as p:
+        with anyio.fail_after(10), pytest.raises(NoNsqdAvailable) as failed:
+            await p.publish("t", b"x")
+    assert any(isinstance(e, InsecureAuth) for e in _causes(failed.value))
+    assert SECRET.encode() not in server.received
+
+
+async def test_auth_without_tls_warns_once_per_process(
+    auth_nsqd: Any, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, address = auth_nsqd
+    monkeypatch.setattr(_checks, "_warned_plaintext_auth", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            conn = await Connection.open(address, ConnectionConfig(auth_secret=SECRET))
+            assert conn.auth == {"identity": "tester", "permission_count": 1}
+            await conn.close(timeout=0)
+        async with Producer([address], auth_secret=SECRET) as p:
+            await p.publish("t", b"x")
+    insecure = [w for w in caught if issubclass(w.category, InsecureAuthWarning)]
+    assert len(insecure) == 1, [str(w.message) for w in caught]
+    assert "without TLS" in str(insecure[0].message)
+    assert SECRET not in str(insecure[0].message)
+    assert server.received.count(SECRET.encode()) == 4  # the default still sends it
+
+
+def test_the_secret_stays_out_of_reprs_and_errors() -> None:
+    config = ConnectionConfig(auth_secret=SECRET)
+    assert SECRET not in repr(config)
+    assert SECRET not in repr(ConnectionConfig(auth_secret=SECRET.encode()))
+    producer = Producer(["127.0.0.1:4150"], auth_secret=SECRET)
+    assert SECRET not in repr(producer) and SECRET not in repr(vars(producer))
+    consumer = Consumer("t", "c", nsqd_tcp_addresses=["127.0.0.1:4150"], auth_secret=SECRET)
+    assert SECRET not in repr(consumer)
+    with pytest.raises(InvalidType) as info:
+        ConnectionConfig(auth_secret=12345678)  # type: ignore[arg-type]
+    assert "12345678" not in str(info.value)

@@ -92,6 +92,9 @@ CASES: list[Any] = [
     pytest.param(producer(client_id=5), IT, "client_id must be a str", id="P-client-id"),
     pytest.param(producer(max_delay="1"), IT, "max_delay must be a number", id="P-max-delay"),
     pytest.param(
+        producer(auth_over_plaintext="no"), IT, "auth_over_plaintext", id="P-auth-plaintext"
+    ),
+    pytest.param(
         producer(nsqd_tcp_addresses=None), IT, "list of 'host:port' strings", id="P-addr-none"
     ),
     pytest.param(producer(nsqd_tcp_addresses=[4150]), IT, "'host:port' strings", id="P-addr-int"),
