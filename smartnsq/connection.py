@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 import snappy  # type: ignore[import-untyped]
 
+from smartnsq import _checks
 from smartnsq._version import __version__
 from smartnsq.errors import (
     ConnectFailed,
@@ -62,6 +63,7 @@ def parse_address(address: str, default_port: int = 4150) -> tuple[str, int]:
     """Split ``host:port`` (``[v6]:port`` too) and check it."""
     if not isinstance(address, str) or not address:
         raise InvalidArgument(f"nsqd address must be a 'host:port' string, not {address!r}")
+    _checks.check_no_scheme(address)
     host, sep, port_text = address.rpartition(":")
     if not sep:
         host, port_text = address, str(default_port)
@@ -92,14 +94,17 @@ class ConnectionConfig:
     snappy: bool = False
     deflate: bool = False
     deflate_level: int = 6
-    auth_secret: str | bytes | None = None
+    auth_secret: str | bytes | None = field(default=None, repr=False)
     extend_support: bool | None = None  # Youzan: only when the topic is an ext topic
     identify_extra: Mapping[str, Any] = field(default_factory=dict)
     connect_timeout: float = 5.0
     handshake_timeout: float = 5.0
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    # False: refuse to send auth_secret to an nsqd that asks for it without TLS.
+    auth_over_plaintext: bool = True
 
     def __post_init__(self) -> None:
+        _checks.check_config(self)
         if self.snappy and self.deflate:
             raise InvalidArgument("choose either snappy or deflate compression, not both")
         if not 1 <= self.deflate_level <= 9:
@@ -462,6 +467,7 @@ class Connection:
         if f.auth_required:
             if cfg.auth_secret is None:
                 raise ConnectFailed(f"nsqd {self.address} requires AUTH but no auth_secret was set")
+            _checks.check_plaintext_auth(self.address, cfg, f.tls)
             secret = cfg.auth_secret
             await self._write_now(
                 commands.auth(secret.encode() if isinstance(secret, str) else secret)

@@ -20,6 +20,17 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from smartnsq._checks import (
+    DELAY_LIMIT,
+    FORKS,
+    check_addresses,
+    check_bool,
+    check_callable,
+    check_number,
+    get_ident,
+    owner,
+    wrong_owner,
+)
 from smartnsq.connection import Connection, ConnectionConfig, parse_address
 from smartnsq.errors import (
     ConnectionClosed,
@@ -191,27 +202,37 @@ class Consumer:
         on_blocked: Callable[[Message], Any] | None = None,
         blocked_warn_attempts: int = 10,
         blocked_error_attempts: int = 50,
+        auth_over_plaintext: bool = True,
     ) -> None:
         self.topic = validate_topic(topic)
         self.channel = validate_channel(channel)
         if handler is not None and not callable(handler):
             raise InvalidType("handler must be a callable taking one Message (or None to pull)")
-        if isinstance(nsqd_tcp_addresses, str):
-            nsqd_tcp_addresses = [nsqd_tcp_addresses]
+        nsqd_tcp_addresses = check_addresses("nsqd_tcp_addresses", nsqd_tcp_addresses)
         for address in nsqd_tcp_addresses:
             parse_address(address)
-        lookupds = check_lookupd_addresses(lookupd_http_addresses)
+        lookupds = check_lookupd_addresses(
+            check_addresses("lookupd_http_addresses", lookupd_http_addresses)
+        )
         self._direct = list(dict.fromkeys(nsqd_tcp_addresses))
         if not self._direct and not lookupds:
             raise InvalidArgument(
                 "Consumer needs nsqd_tcp_addresses or lookupd_http_addresses (or both)"
             )
-        _non_negative(
-            max_in_flight=max_in_flight,
-            max_attempts=max_attempts,
-            requeue_delay=requeue_delay,
-            max_requeue_delay=max_requeue_delay,
-        )
+        check_number("max_in_flight", max_in_flight, integer=True, min=0)
+        check_number("max_attempts", max_attempts, integer=True, min=0)
+        check_number("requeue_delay", requeue_delay, min=0)
+        check_number("max_requeue_delay", max_requeue_delay, min=0, max=DELAY_LIMIT)
+        check_bool("backoff", backoff)
+        check_number("lookupd_poll_jitter", lookupd_poll_jitter)
+        check_number("concurrency", concurrency, integer=True, allow_none=True)
+        check_bool("auto_touch", auto_touch)
+        check_bool("ordered", ordered, allow_none=True)
+        check_bool("ext", ext, allow_none=True)
+        check_callable("on_order_violation", on_order_violation)
+        check_callable("on_blocked", on_blocked)
+        check_number("blocked_warn_attempts", blocked_warn_attempts, integer=True, min=1)
+        check_number("blocked_error_attempts", blocked_error_attempts, integer=True, min=1)
         _positive(
             max_backoff_duration=max_backoff_duration,
             backoff_unit=backoff_unit,
@@ -258,6 +279,7 @@ class Consumer:
             msg_timeout=msg_timeout,
             sample_rate=sample_rate,
             connect_timeout=connect_timeout,
+            auth_over_plaintext=auth_over_plaintext,
         )
 
         self._readers: dict[Target, _Reader] = {}
@@ -278,6 +300,8 @@ class Consumer:
         self._stopping = False
         self._draining: anyio.CancelScope | None = None  # stop()'s wait for running handlers
         self._started = False
+        self._thread: int | None = None  # owner thread and fork generation, set on start
+        self._forks = FORKS[0]
         self._pulled: Message | None = None
         self._lookup = (
             LookupManager(lookupds, listlookup_interval=lookupd_poll_interval) if lookupds else None
@@ -301,6 +325,7 @@ class Consumer:
         if self._started:
             raise NSQError("a Consumer can be started only once")
         self._started = True
+        self._thread, self._forks = owner()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._start_tasks(self._tg)
@@ -320,6 +345,7 @@ class Consumer:
         if self._started:
             raise NSQError("a Consumer can be started only once")
         self._started = True
+        self._thread, self._forks = owner()
         async with anyio.create_task_group() as tg:
             self._tg = tg
             self._start_tasks(tg)
@@ -349,6 +375,9 @@ class Consumer:
         Called again while a stop is under way, it waits for that stop, cutting its wait for
         running handlers down to ``timeout`` if that is sooner (say, on a second Ctrl-C).
         """
+        if self._thread != get_ident() or self._forks != FORKS[0]:
+            wrong_owner("Consumer", self._thread, self._forks)
+        check_number("timeout", timeout, min=0)
         draining = self._draining
         if draining is not None:
             draining.deadline = min(draining.deadline, anyio.current_time() + timeout)
@@ -399,8 +428,9 @@ class Consumer:
 
     def set_max_in_flight(self, value: int) -> None:
         """Change max_in_flight at run time; 0 pauses consumption."""
-        if not isinstance(value, int) or value < 0:
-            raise InvalidArgument(f"max_in_flight must be an int >= 0, not {value!r}")
+        if self._thread != get_ident() or self._forks != FORKS[0]:
+            wrong_owner("Consumer", self._thread, self._forks)
+        check_number("max_in_flight", value, integer=True, min=0)
         self._max_in_flight = value
         self._redistribute()
 
@@ -423,6 +453,8 @@ class Consumer:
     # -- pulling ---------------------------------------------------------------------------------
 
     def __aiter__(self) -> AsyncIterator[Message]:
+        if self._thread != get_ident() or self._forks != FORKS[0]:
+            wrong_owner("Consumer", self._thread, self._forks)
         if self._handler is not None:
             raise NSQError("this Consumer has a handler; iterate only over a handler-less one")
         if not self._started:
@@ -430,6 +462,8 @@ class Consumer:
         return self
 
     async def __anext__(self) -> Message:
+        if self._thread != get_ident() or self._forks != FORKS[0]:
+            wrong_owner("Consumer", self._thread, self._forks)
         prev = self._pulled
         if prev is not None and prev._auto and not prev._responded:
             self._finish(prev)
@@ -1014,13 +1048,6 @@ def _is_async(fn: Callable[..., Any]) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
-def _non_negative(**values: float) -> None:
-    for name, value in values.items():
-        if not isinstance(value, int | float) or value < 0:
-            raise InvalidArgument(f"{name} must be a number >= 0, not {value!r}")
-
-
 def _positive(**values: float) -> None:
     for name, value in values.items():
-        if not isinstance(value, int | float) or not value > 0:
-            raise InvalidArgument(f"{name} must be a number > 0, not {value!r}")
+        check_number(name, value, above=0)

@@ -28,6 +28,8 @@ __all__ = [
     "ExtNotSupported",
     "FinFailed",
     "IdentifyFailed",
+    "InsecureAuth",
+    "InsecureAuthWarning",
     "InvalidArgument",
     "InvalidChannel",
     "InvalidCommand",
@@ -55,6 +57,8 @@ __all__ = [
     "TopicNotExist",
     "TouchFailed",
     "Unauthorized",
+    "UsedAfterFork",
+    "WrongEventLoop",
     "error_from_frame",
 ]
 
@@ -90,6 +94,21 @@ class NotSupported(NSQError):
     """The server (or its kind) does not support the requested feature."""
 
 
+class WrongEventLoop(NSQError, RuntimeError):
+    """A client was used from a thread other than the one whose event loop started it.
+
+    Its connections belong to that loop. Nothing was sent.
+    """
+
+
+class UsedAfterFork(NSQError, RuntimeError):
+    """A client started before ``fork()`` was used in the child process. Nothing was sent."""
+
+
+class InsecureAuthWarning(UserWarning):
+    """The AUTH secret is about to be sent without TLS (given once per process)."""
+
+
 # -- transport ---------------------------------------------------------------------------------
 
 
@@ -103,6 +122,13 @@ class ConnectionClosed(NSQError, ConnectionError):
 
 class ConnectFailed(ConnectionClosed):
     """Could not open or handshake a connection to an nsqd."""
+
+
+class InsecureAuth(ConnectFailed):
+    """nsqd asked for AUTH on an unencrypted connection and ``auth_over_plaintext`` is False.
+
+    The secret was not sent.
+    """
 
 
 class NSQTimeout(NSQError, TimeoutError):

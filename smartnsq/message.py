@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from smartnsq._checks import check_requeue_delay
 from smartnsq.protocol.message import RawMessage
 
 if TYPE_CHECKING:
@@ -55,7 +56,10 @@ class Message(RawMessage):
 
         ``delay=None`` uses the consumer's policy (a multiple of the attempts, capped).
         ``backoff=False`` does not count this as a failure for the consumer's backoff.
+        nsqd caps the delay at its ``--max-req-timeout`` (1 hour by default).
         """
+        if delay is not None:
+            delay = check_requeue_delay(delay)
         self._reader.consumer._requeue(self, delay, backoff)
 
     def touch(self) -> None:

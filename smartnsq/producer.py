@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import random
 import ssl
 import struct
@@ -14,6 +13,19 @@ from typing import Any, Literal
 import anyio
 import anyio.abc
 
+from smartnsq._checks import (
+    DEFAULT_MAX_DELAY,
+    DELAY_LIMIT,
+    FORKS,
+    check_addresses,
+    check_delay,
+    check_identify,
+    check_number,
+    check_timeout,
+    get_ident,
+    owner,
+    wrong_owner,
+)
 from smartnsq.connection import Connection, ConnectionConfig, parse_address
 from smartnsq.errors import (
     ConnectFailed,
@@ -118,6 +130,11 @@ class Producer:
     failure, or a server error that is safe to retry, the request is retried (on another nsqd
     when there is one) until ``max_retries`` or the call's ``timeout`` runs out. A retry after
     a connection broke mid-request can duplicate a message: NSQ delivers at least once.
+
+    ``max_delay`` (seconds, default one hour as nsqd's ``--max-req-timeout``) is the longest
+    ``delay`` :meth:`publish` accepts; raise it when your nsqd allows more.
+    ``auth_over_plaintext=False`` refuses to send ``auth_secret`` to an nsqd without TLS.
+    A Producer belongs to the event loop (thread) and process that entered it.
     """
 
     def __init__(
@@ -143,22 +160,29 @@ class Producer:
         connect_timeout: float = 5.0,
         client_id: str | None = None,
         identify: dict[str, Any] | None = None,
+        max_delay: float = DEFAULT_MAX_DELAY,
+        auth_over_plaintext: bool = True,
     ) -> None:
-        if isinstance(nsqd_tcp_addresses, str):
-            nsqd_tcp_addresses = [nsqd_tcp_addresses]
-        lookupds = check_lookupd_addresses(lookupd_http_addresses)
+        nsqd_tcp_addresses = check_addresses("nsqd_tcp_addresses", nsqd_tcp_addresses)
+        lookupds = check_lookupd_addresses(
+            check_addresses("lookupd_http_addresses", lookupd_http_addresses)
+        )
         if not nsqd_tcp_addresses and not lookupds:
             raise InvalidArgument(
                 "Producer needs nsqd_tcp_addresses or lookupd_http_addresses (or both)"
             )
         for address in nsqd_tcp_addresses:
             parse_address(address)
-        if connections_per_nsqd < 1:
-            raise InvalidArgument("connections_per_nsqd must be >= 1")
-        if not timeout > 0:
-            raise InvalidArgument("timeout must be > 0 seconds")
-        if max_retries < 0:
-            raise InvalidArgument("max_retries must be >= 0")
+        check_number("connections_per_nsqd", connections_per_nsqd, integer=True, min=1)
+        check_timeout("timeout", timeout)
+        check_number("max_retries", max_retries, integer=True, min=0)
+        check_number("retry_backoff", retry_backoff, min=0)
+        check_number("max_message_size", max_message_size, integer=True)
+        check_number("max_body_size", max_body_size, integer=True)
+        check_timeout("lookupd_poll_interval", lookupd_poll_interval)
+        check_number("max_delay", max_delay, min=0, max=DELAY_LIMIT)
+        if identify is not None:
+            check_identify("identify", identify)
         if max_message_size < 1 or max_body_size < max_message_size + 8:
             raise InvalidArgument("need 1 <= max_message_size and max_body_size >= it + 8")
         self._config = ConnectionConfig(
@@ -172,6 +196,7 @@ class Producer:
             heartbeat_interval=heartbeat_interval,
             connect_timeout=connect_timeout,
             identify_extra=identify or {},
+            auth_over_plaintext=auth_over_plaintext,
         )
         self._by_address: dict[str, _Node] = {}
         self._direct = [self._node(a) for a in dict.fromkeys(nsqd_tcp_addresses)]
@@ -190,6 +215,9 @@ class Producer:
         self.retry_backoff = retry_backoff
         self.max_message_size = max_message_size
         self.max_body_size = max_body_size
+        self.max_delay = max_delay
+        self._thread: int | None = None  # owner thread and fork generation, set on entry
+        self._forks = FORKS[0]
         self._topics: set[str] = set()
         self._pub_lines: dict[str, bytes] = {}
         self._tg: anyio.abc.TaskGroup | None = None
@@ -200,6 +228,7 @@ class Producer:
     async def __aenter__(self) -> Producer:
         if self._tg is not None or self._closed:
             raise NSQError("a Producer can be entered only once")
+        self._thread, self._forks = owner()
         if self._lookup is not None:
             await self._lookup.__aenter__()
         self._tg = anyio.create_task_group()
@@ -248,9 +277,14 @@ class Producer:
         ``trace_id`` (or tracing switched on for the topic with ``producer.trace``) sends a
         traced publish and returns a :class:`PublishResult`; ``headers`` sends the JSON ext
         header of an ext topic. Plain publishes return ``None``.
+        ``delay`` may not exceed ``max_delay`` (see :class:`Producer`).
         """
-        if topic not in self._topics:
+        if self._thread != get_ident() or self._forks != FORKS[0]:
+            wrong_owner("Producer", self._thread, self._forks)
+        if type(topic) is not str or topic not in self._topics:
             self._topics.add(validate_topic(topic))
+        if timeout is not None:
+            check_timeout("timeout", timeout)
         body = _check_body(body)
         if len(body) > self.max_message_size:
             raise MessageTooLarge(
@@ -274,10 +308,7 @@ class Producer:
             return None
         self._check_routing(partition, sharding_key)
         if delay is not None:
-            if not isinstance(delay, int | float) or not math.isfinite(delay) or delay < 0:
-                raise InvalidArgument(
-                    f"delay must be a finite number of seconds >= 0, not {delay!r}"
-                )
+            check_delay(delay, self.max_delay)
             if trace_id is not None or headers is not None:
                 raise InvalidArgument("delay cannot be combined with trace_id or headers")
             delay_ms = round(delay * 1000)
@@ -338,10 +369,18 @@ class Producer:
         acknowledged. With ``trace_ids`` (one per message; generated when tracing is on for the
         topic) it sends MPUB_TRACE and returns one :class:`PublishResult` per batch.
         """
-        if topic not in self._topics:
+        if self._thread != get_ident() or self._forks != FORKS[0]:
+            wrong_owner("Producer", self._thread, self._forks)
+        if type(topic) is not str or topic not in self._topics:
             self._topics.add(validate_topic(topic))
+        if timeout is not None:
+            check_timeout("timeout", timeout)
         if isinstance(bodies, bytes | bytearray | str):
             raise InvalidType("publish_many takes a list of message bodies, not a single body")
+        if type(bodies) is not list and not isinstance(bodies, Iterable):
+            raise InvalidType(
+                f"publish_many takes a list of message bodies, not {type(bodies).__name__}"
+            )
         checked = bodies if type(bodies) is list else list(bodies)
         if not checked:
             raise InvalidArgument("publish_many needs at least one message")
@@ -370,6 +409,8 @@ class Producer:
         if trace_ids is None and self.trace.enabled(topic):
             trace_ids = [_new_trace_id() for _ in checked]
         if trace_ids is not None:
+            if not isinstance(trace_ids, Iterable):
+                raise InvalidType(f"trace_ids must be a list of ints, not {trace_ids!r}")
             trace_ids = list(trace_ids)
             if len(trace_ids) != len(checked):
                 raise InvalidArgument(
@@ -542,6 +583,7 @@ class Producer:
                     and conn is not None
                     and conn.usable
                     and (conn.pending == 0 or len(conns) >= self._per_node)
+                    and (part is None or layout.partitioned)  # else refused below
                 ):
                     answer = await conn.request(build(part), publish=True, timeout=limit)
                     if node.failures:
@@ -594,6 +636,11 @@ class Producer:
                     raise NotSupported(
                         f"nsqd {conn.address} is a Youzan HA server, which has no deferred "
                         "publish (DPUB); publish without delay"
+                    )
+                if part is not None and not conn.features.youzan:
+                    raise NotSupported(
+                        f"nsqd {conn.address} is a classic nsqd, which has no partitions; "
+                        "publish without partition="
                     )
                 try:
                     answer = await conn.request(

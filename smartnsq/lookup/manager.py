@@ -31,6 +31,7 @@ from typing import TypeVar
 import anyio
 import httpx
 
+from smartnsq import _checks
 from smartnsq.errors import InvalidArgument, LookupFailed, TopicNotFound
 from smartnsq.lookup.client import (
     MAX_RESPONSE_SIZE,
@@ -83,6 +84,8 @@ class LookupManager:
         max_response_size: int = MAX_RESPONSE_SIZE,
         answer_grace: float = 0.25,
     ) -> None:
+        _checks.check_lookup_options(seeds, timeout, listlookup_interval, min_refresh_interval,
+                                     max_backoff, cache_ttl, cache_jitter)  # fmt: skip
         self.seeds = check_lookupd_addresses(seeds)
         if not self.seeds:
             raise LookupFailed("no lookupd addresses given")
