@@ -29,7 +29,7 @@ from smartnsq.errors import (
 )
 
 if TYPE_CHECKING:
-    from smartnsq.connection import ConnectionConfig
+    from smartnsq.protocol.handshake import ConnectionConfig
 
 # Classic nsqd's default --max-req-timeout: the longest DPUB delay it accepts.
 DEFAULT_MAX_DELAY = 3600.0

@@ -13,25 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import socket
 import ssl
-import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import snappy  # type: ignore[import-untyped]
 
-from smartnsq import _checks
-from smartnsq._version import __version__
 from smartnsq.errors import (
     ConnectFailed,
     ConnectionClosed,
-    InvalidArgument,
     NSQTimeout,
     ProtocolError,
     ServerError,
@@ -39,8 +31,6 @@ from smartnsq.errors import (
 )
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import (
-    DEFAULT_MAX_FRAME_SIZE,
-    FRAME_ERROR,
     FRAME_MESSAGE,
     FRAME_RESPONSE,
     HEARTBEAT,
@@ -49,7 +39,18 @@ from smartnsq.protocol.frames import (
     FrameDecoder,
     Span,
 )
+from smartnsq.protocol.handshake import (
+    ConnectionConfig,
+    Features,
+    Handshake,
+    Send,
+    StartTLS,
+    Step,
+    parse_address,
+)
 from smartnsq.transport import Link, open_link, running_on_asyncio
+
+__all__ = ["Connection", "ConnectionConfig", "Features", "parse_address"]
 
 log = logging.getLogger("smartnsq.connection")
 
@@ -57,148 +58,6 @@ log = logging.getLogger("smartnsq.connection")
 _ASYNC_ERRORS = (b"E_FIN_FAILED", b"E_REQ_FAILED", b"E_TOUCH_FAILED")
 _TICK = 0.05  # resolution of request deadlines
 _INF = float("inf")
-
-
-def parse_address(address: str, default_port: int = 4150) -> tuple[str, int]:
-    """Split ``host:port`` (``[v6]:port`` too) and check it."""
-    if not isinstance(address, str) or not address:
-        raise InvalidArgument(f"nsqd address must be a 'host:port' string, not {address!r}")
-    _checks.check_no_scheme(address)
-    host, sep, port_text = address.rpartition(":")
-    if not sep:
-        host, port_text = address, str(default_port)
-    host = host.strip("[]")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise InvalidArgument(f"nsqd address {address!r} has a non-numeric port") from None
-    if not host or not 0 < port < 65536:
-        raise InvalidArgument(f"nsqd address {address!r} is not a valid 'host:port'")
-    return host, port
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionConfig:
-    """How to connect and what to negotiate. Times are in seconds."""
-
-    client_id: str | None = None  # default: the short host name
-    hostname: str = field(default_factory=socket.gethostname)
-    user_agent: str = f"smartnsq/{__version__}"
-    heartbeat_interval: float = 30.0
-    msg_timeout: float | None = None
-    output_buffer_size: int | None = None
-    output_buffer_timeout: float | None = None
-    sample_rate: int = 0
-    tls: ssl.SSLContext | bool = False
-    tls_hostname: str | None = None
-    snappy: bool = False
-    deflate: bool = False
-    deflate_level: int = 6
-    auth_secret: str | bytes | None = field(default=None, repr=False)
-    extend_support: bool | None = None  # Youzan: only when the topic is an ext topic
-    identify_extra: Mapping[str, Any] = field(default_factory=dict)
-    connect_timeout: float = 5.0
-    handshake_timeout: float = 5.0
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    # False: refuse to send auth_secret to an nsqd that asks for it without TLS.
-    auth_over_plaintext: bool = True
-
-    def __post_init__(self) -> None:
-        _checks.check_config(self)
-        if self.snappy and self.deflate:
-            raise InvalidArgument("choose either snappy or deflate compression, not both")
-        if not 1 <= self.deflate_level <= 9:
-            raise InvalidArgument(f"deflate_level must be 1..9, not {self.deflate_level}")
-        if not 0 <= self.sample_rate <= 99:
-            raise InvalidArgument(f"sample_rate must be 0..99, not {self.sample_rate}")
-        if self.heartbeat_interval != -1 and not 1 <= self.heartbeat_interval <= 60:
-            raise InvalidArgument(
-                "heartbeat_interval must be 1..60 seconds (or -1 to disable), "
-                f"not {self.heartbeat_interval}"
-            )
-        for name in ("connect_timeout", "handshake_timeout"):
-            if getattr(self, name) <= 0:
-                raise InvalidArgument(f"{name} must be > 0")
-
-    def identify_body(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "client_id": self.client_id or socket.gethostname().split(".")[0],
-            "hostname": self.hostname,
-            "user_agent": self.user_agent,
-            "feature_negotiation": True,
-            "heartbeat_interval": -1
-            if self.heartbeat_interval == -1
-            else int(self.heartbeat_interval * 1000),
-            "tls_v1": bool(self.tls),
-            "snappy": self.snappy,
-            "deflate": self.deflate,
-            "deflate_level": self.deflate_level,
-            "sample_rate": self.sample_rate,
-        }
-        if self.msg_timeout is not None:
-            body["msg_timeout"] = int(self.msg_timeout * 1000)
-        if self.output_buffer_size is not None:
-            body["output_buffer_size"] = self.output_buffer_size
-        if self.output_buffer_timeout is not None:
-            body["output_buffer_timeout"] = int(self.output_buffer_timeout * 1000)
-        if self.extend_support is not None:
-            body["extend_support"] = self.extend_support
-        body.update(self.identify_extra)
-        return body
-
-
-@dataclass(frozen=True, slots=True)
-class Features:
-    """What the server agreed to in its IDENTIFY reply."""
-
-    version: str = ""
-    max_rdy_count: int = 2500
-    msg_timeout: float = 60.0
-    max_msg_timeout: float = 900.0
-    tls: bool = False
-    snappy: bool = False
-    deflate: bool = False
-    auth_required: bool = False
-    raw: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def youzan(self) -> bool:
-        """The Youzan HA fork reports versions like ``0.3.7-HA.1.12.7``."""
-        return "-HA." in self.version
-
-    @classmethod
-    def from_reply(cls, reply: object) -> Features:
-        """Features from a decoded IDENTIFY reply; :class:`ProtocolError` if it is not one."""
-        if not isinstance(reply, dict):
-            raise ProtocolError(f"IDENTIFY reply is not a JSON object: {reply!r:.100}")
-        return cls(
-            version=str(reply.get("version", "")),
-            max_rdy_count=_reply_int(reply, "max_rdy_count", 2500),
-            msg_timeout=_reply_int(reply, "msg_timeout", 60000) / 1000,
-            max_msg_timeout=_reply_int(reply, "max_msg_timeout", 900000) / 1000,
-            tls=reply.get("tls_v1") is True,
-            snappy=reply.get("snappy") is True,
-            deflate=reply.get("deflate") is True,
-            auth_required=reply.get("auth_required") is True,
-            raw=dict(reply),
-        )
-
-
-def _reply_int(reply: Mapping[str, Any], name: str, default: int) -> int:
-    """A positive whole number from nsqd's IDENTIFY reply (absent or 0: ``default``)."""
-    value = reply.get(name)
-    if value is None or value == 0:
-        return default
-    if type(value) is not int or not 0 < value < 2**53:
-        raise ProtocolError(f"IDENTIFY reply has an unusable {name}: {value!r:.40}")
-    return value
-
-
-def _json(payload: bytes, what: str) -> Any:
-    try:
-        return json.loads(payload)
-    except (ValueError, RecursionError):  # RecursionError: absurdly nested arrays
-        raise ProtocolError(f"{what} is not JSON: {payload[:100]!r}") from None
 
 
 class _EventWaiter:
@@ -326,12 +185,6 @@ class _FutureWaiter:
 _Waiter = _EventWaiter | _FutureWaiter
 
 
-def _tls_context(tls: ssl.SSLContext | bool) -> ssl.SSLContext:
-    if isinstance(tls, ssl.SSLContext):
-        return tls
-    return ssl.create_default_context()
-
-
 class Connection:
     """A handshaken connection to one nsqd. Create it with :meth:`open`."""
 
@@ -407,75 +260,35 @@ class Connection:
             raise
         return conn
 
-    async def _read_handshake_frame(self) -> bytes:
+    async def _handshake(self, host: str) -> None:
+        hs = Handshake(self.address, host, self.config)
+        step: Step | bytes | None = hs.start()
+        while step is not None:
+            if isinstance(step, bytes):  # a heartbeat to answer
+                self._link.write(step)
+                await self._link.drain()
+            elif isinstance(step, Send):
+                self._link.write(step.data)
+                await self._link.drain()
+            elif isinstance(step, StartTLS):
+                await self._link.start_tls(step.context, step.hostname)
+            else:
+                rest = self._decoder.take_remaining()
+                self._link.compress, self._decompress = step.compress, step.decompress
+                if rest:
+                    self._decoder.append(step.decompress(rest))
+            step = hs.reply(*await self._next_frame())
+        self.features, self.auth = hs.features, hs.auth
+
+    async def _next_frame(self) -> tuple[int, bytes]:
         while True:
             frame = self._decoder.next_frame()
             if frame is not None:
-                break
+                return frame
             data = await self._link.receive()
             if self._decompress is not None:
                 data = self._decompress(data)
             self._decoder.append(data)
-        ftype, payload = frame
-        if ftype == FRAME_ERROR:
-            raise error_from_frame(payload)
-        if ftype != FRAME_RESPONSE:
-            raise ProtocolError(f"unexpected frame type {ftype} during handshake")
-        if payload == HEARTBEAT:  # possible while AUTH is slow; answer and keep reading
-            await self._write_now(commands.NOP)
-            return await self._read_handshake_frame()
-        return payload
-
-    async def _expect_ok(self, step: str) -> None:
-        payload = await self._read_handshake_frame()
-        if payload != b"OK":
-            raise ProtocolError(f"expected OK after {step}, got {payload[:64]!r}")
-
-    async def _write_now(self, data: bytes) -> None:
-        self._link.write(data)
-        await self._link.drain()
-
-    async def _handshake(self, host: str) -> None:
-        cfg = self.config
-        await self._write_now(commands.MAGIC_V2 + commands.identify(cfg.identify_body()))
-        reply = await self._read_handshake_frame()
-        if reply == b"OK":  # very old nsqd without feature negotiation
-            self.features = Features(version="unknown")
-        else:
-            self.features = Features.from_reply(_json(reply, "IDENTIFY reply"))
-        f = self.features
-        if cfg.tls and not f.tls:
-            raise ConnectFailed(f"nsqd {self.address} does not offer TLS, which was required")
-        if f.tls:
-            # Nothing follows the IDENTIFY reply until the client starts TLS.
-            await self._link.start_tls(_tls_context(cfg.tls), cfg.tls_hostname or host)
-            await self._expect_ok("TLS upgrade")
-        if f.snappy or f.deflate:
-            # Bytes after the last plain frame are already compressed.
-            rest = self._decoder.take_remaining()
-            if f.snappy:
-                comp, decomp = snappy.StreamCompressor(), snappy.StreamDecompressor()
-                self._link.compress, self._decompress = comp.add_chunk, decomp.decompress
-            else:
-                zc = zlib.compressobj(cfg.deflate_level, zlib.DEFLATED, -15)
-                zd = zlib.decompressobj(-15)
-                self._link.compress = lambda d: zc.compress(d) + zc.flush(zlib.Z_SYNC_FLUSH)
-                self._decompress = zd.decompress
-            if rest:
-                self._decoder.append(self._decompress(rest))
-            await self._expect_ok("compression upgrade")
-        if f.auth_required:
-            if cfg.auth_secret is None:
-                raise ConnectFailed(f"nsqd {self.address} requires AUTH but no auth_secret was set")
-            _checks.check_plaintext_auth(self.address, cfg, f.tls)
-            secret = cfg.auth_secret
-            await self._write_now(
-                commands.auth(secret.encode() if isinstance(secret, str) else secret)
-            )
-            auth = _json(await self._read_handshake_frame(), "AUTH reply")
-            if not isinstance(auth, dict):
-                raise ProtocolError(f"AUTH reply is not a JSON object: {auth!r:.100}")
-            self.auth = auth
 
     # -- running ---------------------------------------------------------------------------------
 

@@ -1,0 +1,286 @@
+"""The connection handshake, sans-IO: what a client sends and decides after connecting.
+
+Both the async :class:`~smartnsq.connection.Connection` and the blocking client drive a
+:class:`Handshake`: it says what to do next (send bytes, start TLS, switch on compression),
+the driver does it and hands back the payload of nsqd's next response frame, until the
+handshake is done. Also here: the connection settings (:class:`ConnectionConfig`), what
+nsqd agreed to (:class:`Features`) and nsqd addresses.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import zlib
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import snappy  # type: ignore[import-untyped]
+
+from smartnsq import _checks
+from smartnsq._version import __version__
+from smartnsq.errors import ConnectFailed, InvalidArgument, ProtocolError, error_from_frame
+from smartnsq.protocol import commands
+from smartnsq.protocol.frames import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FRAME_ERROR,
+    FRAME_RESPONSE,
+    HEARTBEAT,
+)
+
+Codec = Callable[[bytes], bytes]
+
+
+def parse_address(address: str, default_port: int = 4150) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` too) and check it."""
+    if not isinstance(address, str) or not address:
+        raise InvalidArgument(f"nsqd address must be a 'host:port' string, not {address!r}")
+    _checks.check_no_scheme(address)
+    host, sep, port_text = address.rpartition(":")
+    if not sep:
+        host, port_text = address, str(default_port)
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise InvalidArgument(f"nsqd address {address!r} has a non-numeric port") from None
+    if not host or not 0 < port < 65536:
+        raise InvalidArgument(f"nsqd address {address!r} is not a valid 'host:port'")
+    return host, port
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionConfig:
+    """How to connect and what to negotiate. Times are in seconds."""
+
+    client_id: str | None = None  # default: the short host name
+    hostname: str = field(default_factory=socket.gethostname)
+    user_agent: str = f"smartnsq/{__version__}"
+    heartbeat_interval: float = 30.0
+    msg_timeout: float | None = None
+    output_buffer_size: int | None = None
+    output_buffer_timeout: float | None = None
+    sample_rate: int = 0
+    tls: ssl.SSLContext | bool = False
+    tls_hostname: str | None = None
+    snappy: bool = False
+    deflate: bool = False
+    deflate_level: int = 6
+    auth_secret: str | bytes | None = field(default=None, repr=False)
+    extend_support: bool | None = None  # Youzan: only when the topic is an ext topic
+    identify_extra: Mapping[str, Any] = field(default_factory=dict)
+    connect_timeout: float = 5.0
+    handshake_timeout: float = 5.0
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    # False: refuse to send auth_secret to an nsqd that asks for it without TLS.
+    auth_over_plaintext: bool = True
+
+    def __post_init__(self) -> None:
+        _checks.check_config(self)
+        if self.snappy and self.deflate:
+            raise InvalidArgument("choose either snappy or deflate compression, not both")
+        if not 1 <= self.deflate_level <= 9:
+            raise InvalidArgument(f"deflate_level must be 1..9, not {self.deflate_level}")
+        if not 0 <= self.sample_rate <= 99:
+            raise InvalidArgument(f"sample_rate must be 0..99, not {self.sample_rate}")
+        if self.heartbeat_interval != -1 and not 1 <= self.heartbeat_interval <= 60:
+            raise InvalidArgument(
+                "heartbeat_interval must be 1..60 seconds (or -1 to disable), "
+                f"not {self.heartbeat_interval}"
+            )
+        for name in ("connect_timeout", "handshake_timeout"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be > 0")
+
+    def identify_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "client_id": self.client_id or socket.gethostname().split(".")[0],
+            "hostname": self.hostname,
+            "user_agent": self.user_agent,
+            "feature_negotiation": True,
+            "heartbeat_interval": -1
+            if self.heartbeat_interval == -1
+            else int(self.heartbeat_interval * 1000),
+            "tls_v1": bool(self.tls),
+            "snappy": self.snappy,
+            "deflate": self.deflate,
+            "deflate_level": self.deflate_level,
+            "sample_rate": self.sample_rate,
+        }
+        if self.msg_timeout is not None:
+            body["msg_timeout"] = int(self.msg_timeout * 1000)
+        if self.output_buffer_size is not None:
+            body["output_buffer_size"] = self.output_buffer_size
+        if self.output_buffer_timeout is not None:
+            body["output_buffer_timeout"] = int(self.output_buffer_timeout * 1000)
+        if self.extend_support is not None:
+            body["extend_support"] = self.extend_support
+        body.update(self.identify_extra)
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    """What the server agreed to in its IDENTIFY reply."""
+
+    version: str = ""
+    max_rdy_count: int = 2500
+    msg_timeout: float = 60.0
+    max_msg_timeout: float = 900.0
+    tls: bool = False
+    snappy: bool = False
+    deflate: bool = False
+    auth_required: bool = False
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def youzan(self) -> bool:
+        """The Youzan HA fork reports versions like ``0.3.7-HA.1.12.7``."""
+        return "-HA." in self.version
+
+    @classmethod
+    def from_reply(cls, reply: object) -> Features:
+        """Features from a decoded IDENTIFY reply; :class:`ProtocolError` if it is not one."""
+        if not isinstance(reply, dict):
+            raise ProtocolError(f"IDENTIFY reply is not a JSON object: {reply!r:.100}")
+        return cls(
+            version=str(reply.get("version", "")),
+            max_rdy_count=_reply_int(reply, "max_rdy_count", 2500),
+            msg_timeout=_reply_int(reply, "msg_timeout", 60000) / 1000,
+            max_msg_timeout=_reply_int(reply, "max_msg_timeout", 900000) / 1000,
+            tls=reply.get("tls_v1") is True,
+            snappy=reply.get("snappy") is True,
+            deflate=reply.get("deflate") is True,
+            auth_required=reply.get("auth_required") is True,
+            raw=dict(reply),
+        )
+
+
+def _reply_int(reply: Mapping[str, Any], name: str, default: int) -> int:
+    """A positive whole number from nsqd's IDENTIFY reply (absent or 0: ``default``)."""
+    value = reply.get(name)
+    if value is None or value == 0:
+        return default
+    if type(value) is not int or not 0 < value < 2**53:
+        raise ProtocolError(f"IDENTIFY reply has an unusable {name}: {value!r:.40}")
+    return value
+
+
+def _json(payload: bytes, what: str) -> Any:
+    try:
+        return json.loads(payload)
+    except (ValueError, RecursionError):  # RecursionError: absurdly nested arrays
+        raise ProtocolError(f"{what} is not JSON: {payload[:100]!r}") from None
+
+
+def _tls_context(tls: ssl.SSLContext | bool) -> ssl.SSLContext:
+    if isinstance(tls, ssl.SSLContext):
+        return tls
+    return ssl.create_default_context()
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Write ``data``, then read nsqd's answer."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StartTLS:
+    """Wrap the socket in TLS (nothing else is in flight), then read nsqd's OK."""
+
+    context: ssl.SSLContext
+    hostname: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartCompression:
+    """From now on compress what is written and decompress what is read; bytes already
+    received after the last plain frame are compressed too. Then read nsqd's OK."""
+
+    compress: Codec
+    decompress: Codec
+
+
+Step = Send | StartTLS | StartCompression
+
+
+class Handshake:
+    """Magic, IDENTIFY, then TLS, compression and AUTH as nsqd's reply asks.
+
+    Drive it: perform :meth:`start`'s step, then for every response frame call
+    :meth:`reply` and perform the step it returns, until it returns ``None``; then
+    :attr:`features` and :attr:`auth` are known. A frame that is a heartbeat gives
+    :data:`NOP_NEEDED`: write :data:`commands.NOP` and read the next frame.
+    """
+
+    def __init__(self, address: str, host: str, config: ConnectionConfig) -> None:
+        self.address = address
+        self.host = host
+        self.config = config
+        self.features = Features()
+        self.auth: Mapping[str, Any] | None = None
+        self._steps = self._run()
+
+    def start(self) -> Step:
+        return next(self._steps)
+
+    def reply(self, ftype: int, payload: bytes) -> Step | bytes | None:
+        """The step after nsqd's response frame: a :class:`Step`, ``commands.NOP`` to
+        write before reading on (a heartbeat), or ``None`` when the handshake is done."""
+        if ftype == FRAME_ERROR:
+            raise error_from_frame(payload)
+        if ftype != FRAME_RESPONSE:
+            raise ProtocolError(f"unexpected frame type {ftype} during handshake")
+        if payload == HEARTBEAT:  # possible while AUTH is slow
+            return commands.NOP
+        try:
+            return self._steps.send(payload)
+        except StopIteration:
+            return None
+
+    def _run(self) -> Generator[Step, bytes, None]:
+        cfg = self.config
+        reply = yield Send(commands.MAGIC_V2 + commands.identify(cfg.identify_body()))
+        if reply == b"OK":  # very old nsqd without feature negotiation
+            self.features = Features(version="unknown")
+        else:
+            self.features = Features.from_reply(_json(reply, "IDENTIFY reply"))
+        f = self.features
+        if cfg.tls and not f.tls:
+            raise ConnectFailed(f"nsqd {self.address} does not offer TLS, which was required")
+        if f.tls:  # nothing follows the IDENTIFY reply until the client starts TLS
+            _expect_ok((yield StartTLS(_tls_context(cfg.tls), cfg.tls_hostname or self.host)))
+        if f.snappy:
+            comp, decomp = snappy.StreamCompressor(), snappy.StreamDecompressor()
+            _expect_ok((yield StartCompression(comp.add_chunk, decomp.decompress)))
+        elif f.deflate:
+            zc = zlib.compressobj(cfg.deflate_level, zlib.DEFLATED, -15)
+            zd = zlib.decompressobj(-15)
+            _expect_ok(
+                (
+                    yield StartCompression(
+                        lambda d: zc.compress(d) + zc.flush(zlib.Z_SYNC_FLUSH), zd.decompress
+                    )
+                )
+            )
+        if f.auth_required:
+            if cfg.auth_secret is None:
+                raise ConnectFailed(f"nsqd {self.address} requires AUTH but no auth_secret was set")
+            _checks.check_plaintext_auth(self.address, cfg, f.tls)
+            secret = cfg.auth_secret
+            reply = yield Send(
+                commands.auth(secret.encode() if isinstance(secret, str) else secret)
+            )
+            auth = _json(reply, "AUTH reply")
+            if not isinstance(auth, dict):
+                raise ProtocolError(f"AUTH reply is not a JSON object: {auth!r:.100}")
+            self.auth = auth
+
+
+def _expect_ok(payload: bytes) -> None:
+    if payload != b"OK":
+        raise ProtocolError(f"expected OK during the handshake, got {payload[:64]!r}")
