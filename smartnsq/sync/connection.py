@@ -1,0 +1,284 @@
+"""One blocking TCP connection to one nsqd, safe to share between threads.
+
+The handshake is :class:`~smartnsq.protocol.handshake.Handshake`'s, driven with blocking
+reads. Requests are pipelined: a thread writes its command and queues its place under the
+send lock, then waits for its answer. There is no reader thread: whichever waiting thread
+holds the read lock reads for everybody, handing each answer to its request in order (and
+answering nsqd's heartbeats), until its own answer is there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import ssl
+import threading
+import time
+from collections import deque
+
+from smartnsq.errors import (
+    ConnectFailed,
+    ConnectionClosed,
+    NSQError,
+    NSQTimeout,
+    ProtocolError,
+    error_from_frame,
+)
+from smartnsq.protocol import commands
+from smartnsq.protocol.frames import FRAME_ERROR, FRAME_RESPONSE, HEARTBEAT, FrameDecoder
+from smartnsq.protocol.handshake import (
+    Codec,
+    ConnectionConfig,
+    Features,
+    Handshake,
+    Send,
+    StartTLS,
+    Step,
+    parse_address,
+)
+
+_READ_SIZE = 256 * 1024
+_IDLE_CHECK = 1.0  # an idle connection is polled for heartbeats (or its end) before use
+
+
+class _Waiter:
+    __slots__ = ("done", "error", "publish", "result")
+
+    def __init__(self, publish: bool) -> None:
+        self.done = False
+        self.result = b""
+        self.error: BaseException | None = None
+        self.publish = publish
+
+
+class SyncConnection:
+    """A handshaken blocking connection. Create it with :meth:`open`."""
+
+    def __init__(self, address: str, sock: socket.socket, config: ConnectionConfig) -> None:
+        self.address = address
+        self.config = config
+        self.features = Features()
+        self.closed = False
+        self.close_reason: BaseException | None = None
+        self._sock = sock
+        self._decoder = FrameDecoder(config.max_frame_size)
+        self._compress: Codec | None = None
+        self._decompress: Codec | None = None
+        self._waiters: deque[_Waiter] = deque()
+        self._send_lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self.last_read = time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"<SyncConnection {self.address}{' closed' if self.closed else ''}>"
+
+    @classmethod
+    def open(cls, address: str, config: ConnectionConfig, timeout: float) -> SyncConnection:
+        """Connect and handshake within ``timeout`` seconds (and the config's own limits)."""
+        host, port = parse_address(address)
+        try:
+            sock = socket.create_connection((host, port), min(timeout, config.connect_timeout))
+        except OSError as exc:
+            raise ConnectFailed(f"cannot connect to nsqd {address}: {exc}") from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = cls(address, sock, config)
+        try:
+            conn._sock.settimeout(min(timeout, config.handshake_timeout))
+            conn._handshake(host)
+            # Sends give up after this long (nsqd not reading); reads wait with select().
+            conn._sock.settimeout(max(timeout, config.handshake_timeout))
+        except TimeoutError:
+            conn._abort(None)
+            raise ConnectFailed(f"handshake with nsqd {address} timed out") from None
+        except (OSError, ssl.SSLError) as exc:
+            conn._abort(None)
+            raise ConnectFailed(f"handshake with nsqd {address} failed: {exc!r}") from exc
+        except BaseException:
+            conn._abort(None)
+            raise
+        return conn
+
+    def _handshake(self, host: str) -> None:
+        hs = Handshake(self.address, host, self.config)
+        step: Step | bytes | None = hs.start()
+        while step is not None:
+            if isinstance(step, bytes):  # a heartbeat to answer
+                self._sock.sendall(step)
+            elif isinstance(step, Send):
+                self._sock.sendall(step.data)
+            elif isinstance(step, StartTLS):
+                self._sock = step.context.wrap_socket(self._sock, server_hostname=step.hostname)
+            else:
+                rest = self._decoder.take_remaining()
+                self._compress, self._decompress = step.compress, step.decompress
+                if rest:
+                    self._decoder.append(step.decompress(rest))
+            step = hs.reply(*self._handshake_frame())
+        self.features = hs.features
+
+    def _handshake_frame(self) -> tuple[int, bytes]:
+        while True:
+            frame = self._decoder.next_frame()
+            if frame is not None:
+                return frame
+            data = self._sock.recv(_READ_SIZE)
+            if not data:
+                raise ConnectFailed(f"nsqd {self.address} closed the connection in the handshake")
+            if self._decompress is not None:
+                data = self._decompress(data)
+            self._decoder.append(data)
+
+    # -- requests --------------------------------------------------------------------------------
+
+    @property
+    def usable(self) -> bool:
+        """Open, as far as we know; an idle one is polled first, so heartbeats that came
+        meanwhile are answered and one that nsqd closed for missing them is seen closed."""
+        if not self.closed and time.monotonic() - self.last_read > _IDLE_CHECK:
+            self._poll()
+        return not self.closed
+
+    @property
+    def pending(self) -> int:
+        return len(self._waiters)
+
+    def request(self, data: bytes, timeout: float, *, publish: bool = True) -> bytes:
+        """Send a command that nsqd answers and return the answer's payload.
+
+        :class:`NSQTimeout` after ``timeout`` seconds; the request keeps its place (its
+        answer, when it comes, is dropped), so later answers still match their requests.
+        """
+        deadline = time.monotonic() + timeout
+        waiter = _Waiter(publish)
+        with self._send_lock:
+            if self.closed:
+                raise self._closed_error()
+            self._waiters.append(waiter)
+            try:
+                self._sock.sendall(data if self._compress is None else self._compress(data))
+            except OSError as exc:  # a timeout too: part of the command may be out
+                self._fail(ConnectionClosed(f"writing to nsqd {self.address} failed: {exc!r}"))
+        while not waiter.done:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._read_lock.acquire(timeout=remaining):
+                break
+            try:
+                if not waiter.done:
+                    self._read_once(deadline)
+            finally:
+                self._read_lock.release()
+        if not waiter.done:
+            raise NSQTimeout(f"nsqd {self.address} did not answer in time")
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.result
+
+    def _poll(self) -> None:
+        if self._read_lock.acquire(blocking=False):
+            try:
+                self._read_once(0.0)
+            finally:
+                self._read_lock.release()
+
+    def _read_once(self, deadline: float) -> None:
+        """One read (waiting at most until ``deadline``), every frame in it dealt with."""
+        sock = self._sock
+        if self.closed:
+            return
+        pending = isinstance(sock, ssl.SSLSocket) and sock.pending()
+        if not pending:
+            try:
+                ready, _, _ = select.select([sock], [], [], max(0.0, deadline - time.monotonic()))
+            except (OSError, ValueError) as exc:  # closed under us
+                self._fail(ConnectionClosed(f"connection to nsqd {self.address} broke: {exc!r}"))
+                return
+            if not ready:
+                return
+        try:
+            data = sock.recv(_READ_SIZE)
+        except (TimeoutError, ssl.SSLWantReadError):
+            return
+        except OSError as exc:
+            self._fail(ConnectionClosed(f"connection to nsqd {self.address} broke: {exc!r}"))
+            return
+        if not data:
+            self._fail(ConnectionClosed(f"nsqd {self.address} closed the connection"))
+            return
+        self.last_read = time.monotonic()
+        try:
+            if self._decompress is not None:
+                data = self._decompress(data)
+            self._decoder.append(data)
+            while (frame := self._decoder.next_frame()) is not None:
+                self._on_frame(*frame)
+        except NSQError as exc:  # garbage, or a fatal error frame: the connection is over
+            self._fail(exc)
+
+    def _on_frame(self, ftype: int, payload: bytes) -> None:
+        if ftype == FRAME_RESPONSE:
+            if payload == HEARTBEAT:
+                nop = commands.NOP if self._compress is None else self._compress(commands.NOP)
+                with self._send_lock:
+                    if not self.closed:
+                        try:
+                            self._sock.sendall(nop)
+                        except OSError as exc:
+                            raise ConnectionClosed(
+                                f"connection to nsqd {self.address} broke: {exc!r}"
+                            ) from exc
+                return
+            if self._waiters:
+                waiter = self._waiters.popleft()
+                waiter.result = payload
+                waiter.done = True
+            return
+        if ftype != FRAME_ERROR:
+            raise ProtocolError(f"nsqd {self.address} sent frame type {ftype} to a producer")
+        if not self._waiters:
+            err = error_from_frame(payload)
+        else:
+            waiter = self._waiters.popleft()
+            err = error_from_frame(payload, publish=waiter.publish)
+            waiter.error = err
+            waiter.done = True
+        if err.fatal:
+            raise err
+
+    # -- closing ---------------------------------------------------------------------------------
+
+    def _closed_error(self) -> ConnectionClosed:
+        reason = self.close_reason
+        text = f"connection to nsqd {self.address} is closed"
+        if reason is not None and str(reason) and str(reason) not in text:
+            text += f": {reason}"
+        return ConnectionClosed(text)
+
+    def _fail(self, reason: BaseException) -> None:
+        """The connection is over: every waiting request fails."""
+        self._abort(reason)
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            err = self._closed_error()
+            err.__cause__ = reason
+            waiter.error = err
+            waiter.done = True
+
+    def _abort(self, reason: BaseException | None) -> None:
+        if not self.closed:
+            self.closed = True
+            self.close_reason = reason
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Wait (up to ``timeout``) for outstanding answers, then close."""
+        deadline = time.monotonic() + timeout
+        while self._waiters and not self.closed and time.monotonic() < deadline:
+            if self._read_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                try:
+                    self._read_once(deadline)
+                finally:
+                    self._read_lock.release()
+        with self._send_lock:
+            self._fail(ConnectionClosed(f"connection to nsqd {self.address} closed by the client"))

@@ -1,0 +1,325 @@
+"""The blocking publishing front door: :class:`Producer` for plain threads."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import anyio
+
+from smartnsq.errors import (
+    ConnectFailed,
+    ConnectionClosed,
+    InvalidArgument,
+    NoNsqdAvailable,
+    NSQError,
+    NSQTimeout,
+    PartialPublish,
+    ProtocolError,
+    ServerError,
+    UsedAfterFork,
+)
+from smartnsq.lookup.manager import LookupManager
+from smartnsq.lookup.model import TopicLayout
+from smartnsq.ordered.sharding import ShardingKey
+from smartnsq.protocol.message import PublishResult
+from smartnsq.publishing import (
+    Build,
+    NodeHealth,
+    ProducerCore,
+    Request,
+    check_server,
+    timeout_error,
+)
+from smartnsq.sync.connection import SyncConnection
+
+log = logging.getLogger("smartnsq.producer")
+
+
+class _Node(NodeHealth):
+    """One nsqd: its health and its connections."""
+
+    __slots__ = ("connections", "lock")
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self.connections: list[SyncConnection] = []
+        self.lock = threading.Lock()
+
+
+class Producer(ProducerCore[_Node]):
+    """Publishes messages to one or more nsqd from plain (non-async) code.
+
+    The same arguments, methods and guarantees as :class:`smartnsq.Producer`, without
+    ``await``::
+
+        with Producer(["127.0.0.1:4150"]) as producer:
+            producer.publish("events", b"hello")
+
+    Each call returns once nsqd has acknowledged the message, or raises. It is thread-safe:
+    many threads may publish through one Producer at once; their requests are pipelined over
+    its connections and every caller gets its own answer. Publishing uses blocking sockets:
+    no event loop and no background thread. Lookups (the first publish to a topic through
+    lookupd, about once per ``lookupd_poll_interval``, and after cluster errors) run the same
+    lookup code as the async client on a short-lived event loop in the calling thread.
+    A Producer cannot be used after ``fork()``: create one in the child.
+    """
+
+    def _setup(self) -> None:
+        self._lookup = (
+            LookupManager(self._lookupds, cache_ttl=self._poll_interval) if self._lookupds else None
+        )
+        self._lookup_lock = threading.Lock()
+        self._pid = os.getpid()
+        self._closed = False
+
+    def _new_node(self, address: str) -> _Node:
+        return _Node(address)
+
+    def _now(self) -> float:
+        return time.monotonic()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Wait (briefly) for outstanding answers, then close every connection."""
+        if self._closed:
+            return
+        self._closed = True
+        for node in list(self._by_address.values()):
+            for conn in list(node.connections):
+                conn.close()
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise NSQError("this Producer is closed")
+        if os.getpid() != self._pid:
+            raise UsedAfterFork(
+                "this Producer was created in the parent process and cannot be used after "
+                "fork(): its connections belong to the parent; create a new Producer in the child"
+            )
+
+    # -- publishing ------------------------------------------------------------------------------
+
+    def publish(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        delay: float | None = None,
+        partition: int | None = None,
+        sharding_key: ShardingKey | None = None,
+        trace_id: int | None = None,
+        headers: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> PublishResult | None:
+        """Publish one message; see :meth:`smartnsq.Producer.publish`."""
+        self._check_usable()
+        plan = self._plan_publish(
+            topic, body, delay, partition, sharding_key, trace_id, headers, timeout
+        )
+        if type(plan) is bytes:
+            data = plan
+            self._send(None, lambda p: data, None, None, timeout)
+            return None
+        assert isinstance(plan, Request)
+        answer, address, part = self._send(
+            topic, plan.build, partition, sharding_key, timeout, deferred=plan.deferred
+        )
+        return self._result(topic, plan, answer, address, part)
+
+    def publish_many(
+        self,
+        topic: str,
+        bodies: Iterable[bytes],
+        *,
+        partition: int | None = None,
+        sharding_key: ShardingKey | None = None,
+        trace_ids: Sequence[int] | None = None,
+        timeout: float | None = None,
+    ) -> list[PublishResult] | None:
+        """Publish several messages with MPUB; see :meth:`smartnsq.Producer.publish_many`."""
+        self._check_usable()
+        plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout)
+        if type(plan) is bytes:
+            data = plan
+            self._send(None, lambda p: data, None, None, timeout)
+            return None
+        assert not isinstance(plan, bytes)
+        results: list[PublishResult] = []
+        done = 0
+        for request in plan.requests:
+            try:
+                answer, address, part = self._send(
+                    topic if plan.routed else None,
+                    request.build,
+                    partition,
+                    sharding_key,
+                    timeout,
+                )
+            except NSQError as exc:
+                if done == 0:
+                    raise
+                raise PartialPublish(
+                    f"published {done} of {plan.total} messages, then a batch failed: {exc}",
+                    done,
+                ) from exc
+            result = self._result(topic, request, answer, address, part)
+            if result is not None:
+                results.append(result)
+            done += request.count
+        return results if plan.traced else None
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _send(
+        self,
+        topic: str | None,
+        build: Build,
+        partition: int | None,
+        key: ShardingKey | None,
+        timeout: float | None,
+        *,
+        deferred: bool = False,
+    ) -> tuple[bytes, str, int | None]:
+        """Route (by lookup when ``topic`` is given), send, retry; (answer, nsqd, partition)."""
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        attempt = 0
+        refresh = False
+        while True:
+            conn: SyncConnection | None = None
+            node: _Node | None = None
+            try:
+                if self._lookup is not None and topic is not None:
+                    address, part = self._pick(
+                        topic, partition, key, self._layout(topic, refresh, deadline)
+                    )
+                    node = self._node(address)
+                    conn = self._node_connection(node, deadline)
+                else:
+                    node, conn = self._acquire(deadline)
+                    part = partition
+                check_server(conn.features, conn.address, part, deferred)
+                answer = conn.request(build(part), max(0.0, deadline - time.monotonic()))
+                if node.failures:
+                    node.mark_up()
+                return answer, conn.address, part
+            except NSQTimeout:
+                if node is not None and conn is not None:
+                    self._suspect(node, conn)
+                raise timeout_error(limit) from None
+            except (ConnectionClosed, NoNsqdAvailable, ServerError) as exc:
+                if self._retry_action(exc) and conn is not None:
+                    conn.close(0.0)
+                if isinstance(exc, ConnectionClosed) and node is not None and conn is not None:
+                    self._forget(node, conn)
+                refresh = True
+                attempt += 1
+                if attempt > self.max_retries:
+                    raise
+                pause = self._backoff(attempt)
+                if time.monotonic() + pause >= deadline:
+                    raise timeout_error(limit) from exc
+                log.info("publish failed (%s); retry %d of %d", exc, attempt, self.max_retries)
+                time.sleep(pause)
+
+    def _layout(self, topic: str, refresh: bool, deadline: float) -> TopicLayout:
+        """The topic's write layout: cached, or asked of the lookupds (one thread at a time)."""
+        assert self._lookup is not None
+        lookup = self._lookup
+        layout = None if refresh else lookup.cached(topic, "w")
+        if layout is not None:
+            return layout
+        if not self._lookup_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise NSQTimeout("waited too long for another thread's lookup")
+        try:
+
+            async def ask() -> TopicLayout:
+                async with lookup:
+                    with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+                        return await lookup.refresh(topic, "w")
+
+            try:
+                return anyio.run(ask)
+            except TimeoutError:
+                raise NSQTimeout(f"lookup of {topic!r} did not finish in time") from None
+        finally:
+            self._lookup_lock.release()
+
+    def _acquire(self, deadline: float) -> tuple[_Node, SyncConnection]:
+        """A connection to the next healthy configured nsqd, round-robin; opens one if needed."""
+        if len(self._direct) == 1:  # the usual case: no turns to take
+            node = self._direct[0]
+            return node, self._node_connection(node, deadline)
+        last: Exception | None = None
+        for node in self._direct_candidates():
+            try:
+                return node, self._node_connection(node, deadline)
+            except ConnectionClosed as exc:
+                last = exc
+        raise NoNsqdAvailable(f"no nsqd reachable; last error: {last}") from last
+
+    def _node_connection(self, node: _Node, deadline: float) -> SyncConnection:
+        conns = [c for c in node.connections if c.usable]
+        if conns:
+            best = min(conns, key=_pending)
+            if best.pending == 0 or len(conns) >= self._per_node:
+                return best
+        if not node.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise NSQTimeout(f"waited too long for a connection to nsqd {node.address}")
+        try:
+            conns = [c for c in node.connections if c.usable]
+            if len(conns) >= self._per_node:
+                return min(conns, key=_pending)
+            if self._closed:
+                raise NSQError("this Producer is closed")
+            try:
+                conn = SyncConnection.open(
+                    node.address, self._config, max(0.001, deadline - time.monotonic())
+                )
+            except (ConnectionClosed, ProtocolError, InvalidArgument) as exc:
+                # unreachable, not speaking NSQ, or a bad address (port 0 from a lookupd)
+                node.mark_down(self._now())
+                if isinstance(exc, ConnectionClosed):
+                    raise
+                raise ConnectFailed(f"nsqd {node.address}: {exc}") from exc
+            except ServerError:
+                node.mark_down(self._now())
+                raise
+            node.connections = [*conns, conn]
+            return conn
+        finally:
+            node.lock.release()
+
+    def _forget(self, node: _Node, conn: SyncConnection) -> None:
+        """A connection broke: drop it, and avoid its nsqd for a while."""
+        if conn in node.connections:
+            node.connections = [c for c in node.connections if c is not conn]
+            node.mark_down(self._now())
+            log.warning("connection to nsqd %s lost: %s", node.address, conn.close_reason)
+
+    def _suspect(self, node: _Node, conn: SyncConnection) -> None:
+        """A request timed out: send nothing more through ``conn``, and avoid its nsqd."""
+        node.mark_down(self._now())
+        if conn in node.connections:
+            node.connections = [c for c in node.connections if c is not conn]
+            log.warning(
+                "nsqd %s did not answer a publish in time; avoiding it for now", node.address
+            )
+            # Its other requests fail at once and are retried elsewhere within their time.
+            conn.close(0.0)
+
+
+def _pending(conn: SyncConnection) -> int:
+    return conn.pending

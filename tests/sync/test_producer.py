@@ -1,0 +1,251 @@
+"""The blocking Producer against real nsqd: classic and Youzan."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import ssl
+import threading
+import time
+
+import pytest
+import trustme
+
+from compat.youzan import create_topic
+from smartnsq.errors import (
+    InvalidArgument,
+    InvalidType,
+    MessageTooLarge,
+    NotSupported,
+    NSQError,
+    NSQTimeout,
+    UsedAfterFork,
+)
+from smartnsq.ordered import go_partition
+from smartnsq.sync import Producer
+from tests.helpers import lookupds, topic_stats, unique, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def stored(nsqd_http: str, topic: str) -> int:
+    stats = topic_stats(nsqd_http, topic)
+    return 0 if stats is None else int(stats["message_count"])
+
+
+def test_publish_and_publish_many_arrive(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("spub")
+    with Producer([nsqd.tcp]) as producer:
+        assert producer.publish(topic, b"one") is None
+        assert producer.publish_many(topic, [b"two", bytearray(b"three"), memoryview(b"4")]) is None
+        producer.publish(topic, b"later", delay=1)
+    assert stored(nsqd.http, topic) == 5
+
+
+@pytest.mark.parametrize("option", ["snappy", "deflate"])
+def test_compression(classic_cluster, option):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("scomp")
+    with Producer([nsqd.tcp], **{option: True}) as producer:
+        for i in range(20):
+            producer.publish(topic, b"compressed %d" % i)
+        producer.publish_many(topic, [b"x" * 1000] * 50)
+    assert stored(nsqd.http, topic) == 70
+
+
+def test_bad_input_is_refused_before_sending(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("sbad")
+    with Producer([nsqd.tcp], max_message_size=100) as producer:
+        with pytest.raises(InvalidType):
+            producer.publish(topic, "text")  # type: ignore[arg-type]
+        with pytest.raises(MessageTooLarge):
+            producer.publish(topic, b"x" * 101)
+        with pytest.raises(InvalidArgument):
+            producer.publish(topic, b"x", timeout=float("nan"))
+        with pytest.raises(InvalidType):
+            producer.publish_many(topic, None)  # type: ignore[arg-type]
+        with pytest.raises(NotSupported, match="classic nsqd"):
+            producer.publish(topic, b"x", partition=1)
+    assert topic_stats(nsqd.http, topic) is None  # nothing reached nsqd
+
+
+def test_sixteen_threads_share_one_producer(classic_cluster):
+    """Every publish returns after nsqd's answer or raises; the counts match nsqd's."""
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("sthreads")
+    ok = [0] * 16
+    failed = [0] * 16
+    big = [0] * 16
+
+    def work(t: int, producer: Producer) -> None:
+        rnd = random.Random(t)
+        for i in range(300):
+            try:
+                if rnd.random() < 0.2:
+                    producer.publish_many(topic, [b"t%d-%d-%d" % (t, i, j) for j in range(10)])
+                    big[t] += 1
+                else:
+                    producer.publish(topic, b"t%d-%d" % (t, i))
+                    ok[t] += 1
+            except NSQError:
+                failed[t] += 1
+
+    with Producer([nsqd.tcp]) as producer:
+        threads = [threading.Thread(target=work, args=(t, producer)) for t in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert sum(failed) == 0
+    assert stored(nsqd.http, topic) == sum(ok) + 10 * sum(big) == 16 * 300 + 9 * sum(big)
+
+
+def test_a_server_restart_mid_publish_loses_no_acknowledged_message(cluster_factory):
+    cluster = cluster_factory("classic", nsqd=1)
+    nsqd = cluster.nsqd[0]
+    topic = unique("srestart")
+    acked = [0] * 4
+    stop = threading.Event()
+
+    def work(t: int, producer: Producer) -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                producer.publish(topic, b"%d-%d" % (t, i), timeout=5)
+                acked[t] += 1
+            except NSQError:
+                pass
+            i += 1
+
+    with Producer([nsqd.tcp], max_retries=5, retry_backoff=0.1) as producer:
+        threads = [threading.Thread(target=work, args=(t, producer)) for t in range(4)]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: sum(acked) > 200, what="publishing under way")
+        cluster.kill_nsqd(0, signal=signal.SIGTERM)  # nsqd writes its queue to disk
+        cluster.restart_nsqd(0)
+        before = sum(acked)
+        wait_for(lambda: sum(acked) > before + 200, timeout=20, what="publishing resumed")
+        stop.set()
+        for thread in threads:
+            thread.join()
+    depth = int(topic_stats(nsqd.http, topic)["depth"])
+    assert depth >= sum(acked)  # at least once: retries after the restart may duplicate
+
+
+def test_heartbeats_are_answered_and_an_idle_drop_is_reconnected(classic_cluster):
+    """No thread reads while nobody publishes: heartbeats that came meanwhile are answered
+    before the next publish, and a connection nsqd dropped for missing two of them is
+    replaced without losing or failing a publish."""
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("sidle")
+    with Producer([nsqd.tcp], heartbeat_interval=1) as producer:
+        producer.publish(topic, b"first")
+        conn = producer._direct[0].connections[0]
+        time.sleep(1.5)  # idle for one heartbeat (the behaviour under test)
+        producer.publish(topic, b"second")
+        assert producer._direct[0].connections == [conn] and not conn.closed
+        time.sleep(3.5)  # idle past two heartbeats: nsqd drops the connection
+        producer.publish(topic, b"third")
+        assert conn.closed and producer._direct[0].connections[0] is not conn
+    assert stored(nsqd.http, topic) == 3
+
+
+def test_a_mute_server_times_out():
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:
+        sock, _ = server.accept()
+        accepted.append(sock)
+        sock.recv(4096)
+        from tests.fakes import IDENTIFY_OK
+
+        sock.sendall(IDENTIFY_OK)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    with Producer([f"127.0.0.1:{port}"], max_retries=0) as producer:
+        started = time.monotonic()
+        with pytest.raises(NSQTimeout, match="may or may not"):
+            producer.publish("t", b"x", timeout=0.5)
+        assert time.monotonic() - started < 2
+    thread.join()
+    for sock in accepted:
+        sock.close()
+    server.close()
+
+
+def test_use_after_fork_is_refused(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("sfork")
+    with Producer([nsqd.tcp]) as producer:
+        producer.publish(topic, b"parent")
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child
+            try:
+                producer.publish(topic, b"child")
+                code = b"published"
+            except UsedAfterFork:
+                code = b"refused"
+            except BaseException:
+                code = b"other"
+            os.write(write, code)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.read(read, 100) == b"refused"
+        producer.publish(topic, b"parent again")
+    assert stored(nsqd.http, topic) == 2
+
+
+def test_tls(tmp_path):
+    from compat.cluster import Cluster
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    with Cluster.start(
+        kind="classic",
+        dir=tmp_path / "cluster",
+        nsqd=1,
+        nsqd_args=[
+            f"--tls-cert={tmp_path / 'cert.pem'}",
+            f"--tls-key={tmp_path / 'key.pem'}",
+            "--tls-required=tcp-https",
+        ],
+    ) as cluster:
+        nsqd = cluster.nsqd[0]
+        topic = unique("stls")
+        ctx = ssl.create_default_context()
+        ca.configure_trust(ctx)
+        with Producer([nsqd.tcp], tls=ctx, deflate=True) as producer:
+            producer.publish(topic, b"secure")
+            producer.publish_many(topic, [b"a", b"b"])
+        assert stored(nsqd.http, topic) == 3
+        untrusted = Producer([nsqd.tcp], tls=True, max_retries=0)
+        with untrusted, pytest.raises(NSQError):
+            untrusted.publish(topic, b"x")
+
+
+def test_youzan_routing_by_key_and_traced_results(youzan_cluster):
+    topic = f"syz_{random.getrandbits(32):x}"
+    create_topic(youzan_cluster, topic, partitions=2, replicas=1, channel="ch")
+    with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        for i in range(20):
+            key = f"user-{i}"
+            result = producer.publish(topic, key.encode(), sharding_key=key, trace_id=i + 1)
+            assert result is not None
+            assert result.partition == go_partition(key, 2), key
+            assert result.trace_id == i + 1
+        results = producer.publish_many(topic, [b"a", b"b", b"c"], partition=1, trace_ids=[1, 2, 3])
+        assert results is not None and [r.partition for r in results] == [1]
+        with pytest.raises(NotSupported, match="DPUB"):
+            producer.publish(topic, b"late", delay=1)
