@@ -75,6 +75,14 @@ CLIENTS: dict[str, Client] = {
             "uvloop",
         ),
         Client(
+            "smartnsq-sync",
+            "drv_smartnsq.py",
+            (),
+            SEQ,
+            "smartnsq.sync (blocking)",
+            "blocking",
+        ),
+        Client(
             "pynsq",
             "drv_pynsq.py",
             ("pynsq==0.9.1", "tornado==6.6.1"),

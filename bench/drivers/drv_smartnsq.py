@@ -1,7 +1,8 @@
 """smartnsq driver: Producer.publish / publish_many; Consumer with a handler for
 ``consume``.  ``--variant`` is a comma-separated list of: ``sync`` (consume
 with a plain ``def`` handler instead of an ``async def`` one), ``uvloop`` (run
-on uvloop's event loop instead of asyncio's).  Returning normally FINs."""
+on uvloop's event loop instead of asyncio's), ``blocking`` (publish with the
+blocking ``smartnsq.sync.Producer``, no event loop).  Returning normally FINs."""
 
 from __future__ import annotations
 
@@ -14,6 +15,31 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _driver as d
 
 from smartnsq import Consumer, Message, Producer
+from smartnsq.sync import Producer as BlockingProducer
+
+
+def run_blocking(a: argparse.Namespace) -> None:
+    with BlockingProducer(nsqd_tcp_addresses=[a.addr]) as p:
+        p.publish(a.topic, d.MSG)  # warm-up: connection is up and ready
+        n, err = 0, None
+        t0 = d.start()
+        deadline = t0 + a.seconds
+        try:
+            if a.workload == "pub":
+                while n < a.n and d.now() < deadline:
+                    p.publish(a.topic, d.MSG)
+                    n += 1
+            else:
+                batch = [d.MSG] * a.batch
+                while n < a.n:
+                    p.publish_many(a.topic, batch)
+                    n += a.batch
+                    if d.now() >= deadline:
+                        break
+        except Exception as e:
+            err = repr(e)
+        t1 = d.now()
+    d.emit(n, 1, t0, t1, err)
 
 
 async def run(a: argparse.Namespace) -> None:
@@ -93,6 +119,9 @@ async def consume(a: argparse.Namespace) -> None:
 
 def main() -> None:
     a = d.parse_args()
+    if "blocking" in a.variant.split(","):
+        run_blocking(a)
+        return
     main = consume(a) if a.workload == "consume" else run(a)
     if "uvloop" in a.variant.split(","):
         import uvloop
