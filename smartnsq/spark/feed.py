@@ -8,6 +8,7 @@ and not yet FINed is TOUCHed regularly so that nsqd does not hand it to someone 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -100,10 +101,8 @@ class Feed:
             await anyio.sleep(self.touch_interval)
             for msg in [*self.held, *list(self.buffer)]:
                 if not msg.has_responded:
-                    try:
+                    with contextlib.suppress(NSQError):
                         msg.touch()
-                    except NSQError:
-                        pass
 
     def close(self) -> None:
         """Give back everything still buffered or held, then stop the Consumer."""

@@ -97,7 +97,9 @@ def _canonical(allowed: tuple[str, ...]) -> dict[str, str]:
 def _split(option: str, value: str) -> tuple[str, ...]:
     parts = tuple(p.strip() for p in value.split(",") if p.strip())
     if not parts:
-        raise InvalidArgument(f"option {option!r} is empty: give one or more comma-separated addresses")
+        raise InvalidArgument(
+            f"option {option!r} is empty: give one or more comma-separated addresses"
+        )
     return parts
 
 
@@ -128,7 +130,12 @@ def _converters(annotation: Any) -> list[Callable[[str, str], Any]]:
         for arg in typing.get_args(annotation):
             out.extend(_converters(arg))
         # bool before int before float before str: "1" for `int | None` is an int, not text.
-        order = {parse_bool: 0, _to_int: 1, _to_float: 2, _to_str: 3}
+        order: dict[Callable[[str, str], Any], int] = {
+            parse_bool: 0,
+            _to_int: 1,
+            _to_float: 2,
+            _to_str: 3,
+        }
         return sorted(out, key=lambda f: order.get(f, 4))
     if origin is Literal:
         choices = typing.get_args(annotation)
@@ -141,9 +148,13 @@ def _converters(annotation: Any) -> list[Callable[[str, str], Any]]:
             )
 
         return [choose] if all(isinstance(c, str) for c in choices) else []
-    return {bool: [parse_bool], int: [_to_int], float: [_to_float], str: [_to_str]}.get(
-        annotation, []
-    )
+    simple: dict[Any, list[Callable[[str, str], Any]]] = {
+        bool: [parse_bool],
+        int: [_to_int],
+        float: [_to_float],
+        str: [_to_str],
+    }
+    return simple.get(annotation, [])
 
 
 def _to_int(option: str, value: str) -> int:
@@ -167,7 +178,7 @@ def _to_str(option: str, value: str) -> str:
 def client_parameters(cls: type) -> dict[str, list[Callable[[str, str], Any]]]:
     """The keyword arguments of ``cls.__init__`` that can be given as ``nsq.<name>`` options,
     each with its string converters (tried in order)."""
-    signature = inspect.signature(cls.__init__, eval_str=True)
+    signature = inspect.signature(cls, eval_str=True)
     out = {}
     for name, param in signature.parameters.items():
         if name in _NOT_PASSED or param.kind is not inspect.Parameter.KEYWORD_ONLY:
@@ -303,5 +314,6 @@ def _check_client(settings: Settings, client: type) -> None:
     try:
         client(*args, **settings.client_kwargs())
     except (InvalidArgument, InvalidType) as exc:
-        raise type(exc)(f"bad nsq.<setting> option (settings are {client.__name__}'s keyword "
-                        f"arguments): {exc}") from None
+        raise type(exc)(
+            f"bad nsq.<setting> option (settings are {client.__name__}'s keyword arguments): {exc}"
+        ) from None
