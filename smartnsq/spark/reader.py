@@ -21,7 +21,16 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
-from pyspark.sql.types import StructType, _parse_datatype_string
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from smartnsq.errors import InvalidArgument
 from smartnsq.message import Message
@@ -33,9 +42,22 @@ _ROWS_PER_BATCH = 10_000
 
 
 def default_schema() -> StructType:
-    schema = _parse_datatype_string(SCHEMA)
-    assert isinstance(schema, StructType)
-    return schema
+    """The source's row schema (:data:`SCHEMA`) as a StructType; needs no Spark session."""
+    text = StringType()
+    return StructType(
+        [
+            StructField("value", BinaryType()),
+            StructField("topic", text),
+            StructField("partition", IntegerType()),
+            StructField("offset", LongType()),
+            StructField("timestamp", TimestampType()),
+            StructField("attempts", IntegerType()),
+            StructField("id", text),
+            StructField("trace_id", LongType()),
+            StructField("headers", MapType(text, text)),
+            StructField("nsqd", text),
+        ]
+    )
 
 
 def check_schema(schema: StructType) -> None:

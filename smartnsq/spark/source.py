@@ -36,6 +36,12 @@ class NsqDataSource(DataSource):
         return "nsq"
 
     def schema(self) -> str:
+        # Spark asks for the schema only when reading (without a user schema): check the
+        # read options here too, because an error raised while Spark creates a stream reader
+        # reaches the user masked by pyspark's own clean-up.
+        from smartnsq.spark.reader import default_schema
+
+        self._read_settings(default_schema())
         return SCHEMA
 
     def _read_settings(self, schema: StructType) -> Settings:
