@@ -23,18 +23,32 @@ from smartnsq.spark import loop
 from smartnsq.spark.options import Settings
 
 DEFAULT_TOUCH_INTERVAL = 10.0  # well under nsqd's default --msg-timeout of 60 s
+# nsqd lets one connection hold at most --max-rdy-count (default 2500) messages in flight;
+# a Spark batch is made of messages held at once, so big batches need several subscriptions.
+RDY_PER_CONNECTION = 2500
+MAX_SUBSCRIPTIONS = 32
 
 
 class Feed:
-    """A running Consumer for ``settings`` whose messages are held until answered."""
+    """Running Consumers for ``settings`` whose messages are held until answered.
+
+    ``max_in_flight`` (or the ``nsq.max_in_flight`` option) is the most messages held at
+    once, spread over enough subscriptions to the channel for nsqd to allow it.
+    """
 
     def __init__(self, settings: Settings, max_in_flight: int) -> None:
-        kwargs: dict[str, Any] = {"max_in_flight": max_in_flight, "max_attempts": 0}
-        # max_attempts=0: the Consumer must never FIN ("give up on") a message by itself;
-        # only Spark's progress may.
-        kwargs.update(settings.client_kwargs())
+        given = dict(settings.client).get("max_in_flight")
+        total = int(given) if given is not None else max_in_flight
+        count = max(1, min(MAX_SUBSCRIPTIONS, -(-total // RDY_PER_CONNECTION)))
+        # max_attempts=0: a Consumer must never FIN ("give up on") a message by itself; only
+        # Spark's progress may.
+        kwargs: dict[str, Any] = {"max_attempts": 0, **settings.client_kwargs()}
+        kwargs["max_in_flight"] = -(-total // count)
         assert settings.topic is not None and settings.channel is not None
-        self.consumer = Consumer(settings.topic, settings.channel, self._on_message, **kwargs)
+        self.consumers = [
+            Consumer(settings.topic, settings.channel, self._on_message, **kwargs)
+            for _ in range(count)
+        ]
         self.buffer: deque[Message] = deque()
         self.arrived = threading.Event()
         self.held: set[Message] = set()  # taken, not yet answered; touched with the buffer
@@ -44,8 +58,9 @@ class Feed:
             interval = timeout / 3 if timeout else DEFAULT_TOUCH_INTERVAL
         self.touch_interval = interval
         self._loop = loop.loop()
-        self._cm = self._loop.portal.wrap_async_context_manager(self.consumer)
-        self._cm.__enter__()
+        self._cms = [self._loop.portal.wrap_async_context_manager(c) for c in self.consumers]
+        for cm in self._cms:
+            cm.__enter__()
         self._toucher = self._loop.portal.start_task_soon(self._touch_loop)
 
     def _on_message(self, msg: Message) -> None:
@@ -64,7 +79,7 @@ class Feed:
                 out.append(buffer.popleft())
             if len(out) >= limit:
                 break
-            if out and self.consumer.is_starved():
+            if out and all(c.is_starved() for c in self.consumers):
                 break
             self.arrived.clear()
             if buffer:
@@ -109,4 +124,5 @@ class Feed:
         self._toucher.cancel()
         self.requeue([*self.held, *self.buffer])
         self.buffer.clear()
-        self._cm.__exit__(None, None, None)
+        for cm in self._cms:
+            cm.__exit__(None, None, None)

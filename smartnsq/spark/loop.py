@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -32,8 +33,7 @@ class _Loop:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self._cm = anyio.from_thread.start_blocking_portal("asyncio")
-        self.portal = self._cm.__enter__()
+        self.portal = _start_portal()
         self.producers: dict[tuple[Any, ...], tuple[Producer, Any]] = {}
 
     def alive(self) -> bool:
@@ -45,6 +45,23 @@ class _Loop:
         except RuntimeError:
             return False
         return True
+
+
+def _start_portal() -> anyio.from_thread.BlockingPortal:
+    # A daemon thread of our own: anyio's start_blocking_portal() runs the loop in an
+    # executor thread that the interpreter waits for at exit, so a process that never
+    # closed its pool would never end.
+    ready: queue.Queue[anyio.from_thread.BlockingPortal] = queue.Queue()
+
+    async def serve() -> None:
+        async with anyio.from_thread.BlockingPortal() as portal:
+            ready.put(portal)
+            await portal.sleep_until_stopped()
+
+    threading.Thread(
+        target=anyio.run, args=(serve,), daemon=True, name="smartnsq-spark-loop"
+    ).start()
+    return ready.get()
 
 
 def loop() -> _Loop:

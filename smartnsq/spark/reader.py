@@ -141,8 +141,9 @@ class NsqStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def _started(self) -> Feed:
         if self._feed is None:
-            max_in_flight = 2 * self.settings.max_per_trigger
-            self._feed = Feed(self.settings, max_in_flight)
+            # One batch held by Spark, and room to receive the next meanwhile.
+            per = self.settings.max_per_trigger
+            self._feed = Feed(self.settings, per + min(per, 2500))
         return self._feed
 
     def initialOffset(self) -> dict[str, int]:
