@@ -54,7 +54,7 @@ _NOT_PASSED = frozenset(
     }
 )
 
-DEFAULT_BATCH_SIZE = 1000
+DEFAULT_BATCH_SIZE = 10_000  # messages per MPUB, at most: publish_many splits by size too
 DEFAULT_MAX_PER_TRIGGER = 10_000
 DEFAULT_MAX_MESSAGES = 100_000
 DEFAULT_IDLE_TIMEOUT_MS = 2_000
