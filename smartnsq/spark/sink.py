@@ -33,7 +33,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from smartnsq.errors import InvalidArgument, InvalidType, NSQError
+from smartnsq.errors import InvalidArgument, InvalidType
 from smartnsq.producer import Producer
 from smartnsq.spark import loop
 from smartnsq.spark.options import Settings
@@ -141,7 +141,7 @@ class _Writer:
                 )
             for fut in pending:
                 fut.result()
-        except NSQError:
+        except Exception:
             loop.discard(key)  # start the next task with fresh connections
             raise
         finally:
@@ -263,13 +263,22 @@ async def _publish(producer: Producer, groups: list[_Group], plain: bool, chunk:
         async with limiter:
             await _publish_group(producer, group, chunk)
 
-    async with anyio.create_task_group() as tg:
-        for g in groups:
-            if plain:
-                for i in range(0, len(g.bodies), chunk):
-                    tg.start_soon(mpub, g.topic, g.bodies[i : i + chunk])
-            else:
-                tg.start_soon(in_order, g)
+    try:
+        async with anyio.create_task_group() as tg:
+            for g in groups:
+                if plain:
+                    for i in range(0, len(g.bodies), chunk):
+                        tg.start_soon(mpub, g.topic, g.bodies[i : i + chunk])
+                else:
+                    tg.start_soon(in_order, g)
+    except ExceptionGroup as group:
+        # Spark shows the task's error to the user: the first cause, not a group of them.
+        raise _first(group) from None
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    exc = group.exceptions[0]
+    return _first(exc) if isinstance(exc, BaseExceptionGroup) else exc
 
 
 async def _publish_group(producer: Producer, g: _Group, chunk: int) -> None:

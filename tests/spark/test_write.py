@@ -106,3 +106,16 @@ def test_stream_write_from_rate_source(spark: Any, classic_cluster: Any, tmp_pat
     values = sorted(int(m.body) for m in got)
     # Every micro-batch went out whole, once: the rate source's values with no gap.
     assert values == list(range(len(values)))
+
+
+def test_unreachable_nsqd_fails_the_write_with_the_cause(spark: Any) -> None:
+    from compat.cluster import free_port
+
+    df = spark.range(10).selectExpr("CAST(id AS STRING) AS value")
+    writer = df.write.format("nsq").mode("append").option("topic", "nowhere")
+    with pytest.raises(Exception) as info:
+        writer.option("nsqd", f"127.0.0.1:{free_port()}").option("nsq.max_retries", 0).save()
+    text = str(info.value)
+    # The task's own error, not a task-group wrapper around it.
+    assert "NoNsqdAvailable: no nsqd reachable" in text
+    assert "ExceptionGroup" not in text
