@@ -119,3 +119,38 @@ def test_unreachable_nsqd_fails_the_write_with_the_cause(spark: Any) -> None:
     # The task's own error, not a task-group wrapper around it.
     assert "NoNsqdAvailable: no nsqd reachable" in text
     assert "ExceptionGroup" not in text
+
+
+def test_headers_and_trace_ids_round_trip_on_a_youzan_ext_topic(
+    spark: Any, youzan_cluster: Any
+) -> None:
+    from compat.youzan import create_topic
+    from tests.helpers import lookupds
+
+    topic = unique("spark_x")
+    create_topic(youzan_cluster, topic, partitions=1, replicas=1, ext=True, channel="ch")
+    lookupd = ",".join(lookupds(youzan_cluster))
+    n = 20
+    df = spark.range(n).selectExpr(
+        "CAST(id AS STRING) AS value",
+        "IF(id % 2 = 0, map('k', CAST(id AS STRING)), NULL) AS headers",
+        "id + 1000 AS trace_id",
+    )
+    df.write.format("nsq").mode("append").option("lookupd", lookupd).option("topic", topic).save()
+
+    rows = (
+        spark.read.format("nsq")
+        .option("lookupd", lookupd)
+        .option("topic", topic)
+        .option("channel", "ch")
+        .option("maxMessages", n)
+        .load()
+        .collect()
+    )
+    assert len(rows) == n
+    for row in rows:
+        i = int(row.value)
+        assert row.partition == 0 and row.trace_id == i + 1000 and len(row.id) == 32
+        assert {k: v for k, v in row.headers.items() if not k.startswith("##")} == (
+            {"k": str(i)} if i % 2 == 0 else {}
+        )
