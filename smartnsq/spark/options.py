@@ -256,6 +256,13 @@ def parse(options: Mapping[str, str], *, reading: bool, client: type) -> Setting
     except NSQError as exc:
         raise InvalidArgument(f"option 'lookupd': {exc}") from None
     topic = values.get("topic")
+    path = extra.get("path")
+    if path:  # load("events") / save("events") name the topic too
+        if topic is not None and topic != path:
+            raise InvalidArgument(
+                f"topic {topic!r} given as an option and {path!r} as the path: give one"
+            )
+        topic = path
     if topic is not None:
         try:
             validate_topic(topic)

@@ -97,7 +97,7 @@ class Published(WriterCommitMessage):
     """What one write task did; returned to the driver's ``commit``."""
 
     partition_id: int
-    attempt: int  # > 0: Spark ran this task again, so earlier attempts may have published too
+    retries: int  # times Spark ran this task before (their rows may have been published too)
     rows: int
     bytes: int
     seconds: float
@@ -149,7 +149,7 @@ class _Writer:
                 fut.cancel()
         return Published(
             partition_id=ctx.partitionId() if ctx else 0,
-            attempt=ctx.attemptNumber() if ctx else 0,
+            retries=ctx.attemptNumber() if ctx else 0,
             rows=rows,
             bytes=size,
             seconds=round(time.monotonic() - started, 3),
@@ -200,7 +200,7 @@ class _Writer:
         done = [m for m in messages if isinstance(m, Published)]
         rows = sum(m.rows for m in done)
         size = sum(m.bytes for m in done)
-        retried = [m.partition_id for m in done if m.attempt > 0]
+        retried = [m.partition_id for m in done if m.retries > 0]
         _driver_log()
         log.info(
             "nsq sink: %s published %d messages (%d bytes) to %s in %d tasks",

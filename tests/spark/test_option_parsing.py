@@ -66,3 +66,10 @@ def test_option_names_match_whatever_their_case() -> None:
 def test_bad_write_options_are_named(options: dict[str, str], text: str) -> None:
     with pytest.raises(InvalidArgument, match=text):
         parse({"nsqd": "127.0.0.1:4150", **options}, reading=False, client=Producer)
+
+
+def test_the_path_names_the_topic() -> None:
+    options = {"nsqd": "127.0.0.1:4150", "path": "events"}
+    assert parse(options, reading=False, client=Producer).topic == "events"
+    with pytest.raises(InvalidArgument, match="give one"):
+        parse({**options, "topic": "other"}, reading=False, client=Producer)
