@@ -1,0 +1,231 @@
+"""Reading NSQ from Spark: ``spark.readStream.format("nsq")`` and ``spark.read.format("nsq")``.
+
+Classic nsqd keeps no offsets and cannot replay, and a message must be answered on the
+connection that received it. So the streaming source consumes on the driver, in the process
+Spark keeps for the query, and FINs a message only once Spark has committed the micro-batch
+that held it: at least once, never lost.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    InputPartition,
+    SimpleDataSourceStreamReader,
+)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from smartnsq.errors import InvalidArgument
+from smartnsq.message import Message
+from smartnsq.spark.feed import Feed
+from smartnsq.spark.options import Settings
+from smartnsq.spark.source import SCHEMA
+
+_ROWS_PER_BATCH = 10_000
+
+
+def default_schema() -> StructType:
+    """The source's row schema (:data:`SCHEMA`) as a StructType; needs no Spark session."""
+    text = StringType()
+    return StructType(
+        [
+            StructField("value", BinaryType()),
+            StructField("topic", text),
+            StructField("partition", IntegerType()),
+            StructField("offset", LongType()),
+            StructField("timestamp", TimestampType()),
+            StructField("attempts", IntegerType()),
+            StructField("id", text),
+            StructField("trace_id", LongType()),
+            StructField("headers", MapType(text, text)),
+            StructField("nsqd", text),
+        ]
+    )
+
+
+def check_schema(schema: StructType) -> None:
+    """A user-given schema must be a selection of the source's columns, with their types."""
+    ours = {f.name: f.dataType for f in default_schema().fields}
+    for f in schema.fields:
+        if f.name not in ours:
+            raise InvalidArgument(
+                f"the nsq source has no column {f.name!r}; its columns are: {SCHEMA}"
+            )
+        if f.dataType != ours[f.name]:
+            raise InvalidArgument(
+                f"column {f.name!r} of the nsq source is {ours[f.name].simpleString()}, not "
+                f"{f.dataType.simpleString()}: fix the schema or cast after loading"
+            )
+
+
+def _signed(value: int) -> int:
+    # Youzan trace ids are unsigned 64-bit; Spark's long is signed.
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _headers(msg: Message) -> list[tuple[str, str]]:
+    return [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in msg.headers.items()]
+
+
+def to_batch(messages: list[Message], topic: str, schema: StructType) -> pa.RecordBatch:
+    """Rows for ``messages`` as one Arrow batch in exactly the layout Spark expects."""
+    # A Youzan message says its partition; a classic one has none (and a hex-text id).
+    youzan = [m.partition is not None for m in messages]
+    columns: dict[str, Any] = {
+        "value": lambda: [m.body for m in messages],
+        "topic": lambda: [topic] * len(messages),
+        "partition": lambda: [m.partition for m in messages],
+        "offset": lambda: [m.offset for m in messages],
+        "timestamp": lambda: [m.timestamp // 1000 for m in messages],
+        "attempts": lambda: [m.attempts for m in messages],
+        "id": lambda: [
+            m.id.hex() if y else m.id.decode("ascii", "replace")
+            for m, y in zip(messages, youzan, strict=True)
+        ],
+        "trace_id": lambda: [
+            _signed(m.trace_id) if y else None for m, y in zip(messages, youzan, strict=True)
+        ],
+        "headers": lambda: [
+            _headers(m) if y else None for m, y in zip(messages, youzan, strict=True)
+        ],
+        "nsqd": lambda: [m.nsqd_address for m in messages],
+    }
+    pa_schema = to_arrow_schema(schema, timezone="UTC")
+    arrays = [pa.array(columns[f.name](), type=f.type) for f in pa_schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=pa_schema)
+
+
+def _batches(messages: list[Message], topic: str, schema: StructType) -> list[pa.RecordBatch]:
+    return [
+        to_batch(messages[i : i + _ROWS_PER_BATCH], topic, schema)
+        for i in range(0, len(messages), _ROWS_PER_BATCH)
+    ]
+
+
+class NsqStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Streaming source for classic nsqd: consumes on the driver, at least once.
+
+    Offsets are ``{"seq": n}``: n counts the messages this query has taken. A message is
+    FINed when Spark has finished the micro-batch holding it (when it asks for the batch after
+    it, or commits it, whichever comes first). Messages of a batch that was not finished are
+    never FINed: when the query stops or dies, nsqd delivers them again.
+    """
+
+    def __init__(self, settings: Settings, schema: StructType) -> None:
+        self.settings = settings
+        self.schema = schema
+        self._feed: Feed | None = None
+        self._held: list[tuple[int, list[Message]]] = []  # (end seq, messages), oldest first
+        self._available_now = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spark ships a copy of the reader to its tasks: without the live consumer.
+        return {**self.__dict__, "_feed": None, "_held": []}
+
+    def _started(self) -> Feed:
+        if self._feed is None:
+            # One batch held by Spark, and room to receive the next meanwhile.
+            per = self.settings.max_per_trigger
+            self._feed = Feed(self.settings, per + min(per, 2500))
+        return self._feed
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"seq": 0}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now = True
+
+    def read(self, start: dict[str, int]) -> tuple[Iterator[pa.RecordBatch], dict[str, int]]:
+        feed = self._started()
+        seq = int(start["seq"])
+        # Spark asks for the batch after `start` only once the batch ending at `start` is
+        # done (its commit log is written), so everything below `start` can go. Waiting for
+        # commit() would keep the last batch of an availableNow run in flight until the
+        # process dies, and commit() comes only when a further batch is planned.
+        self._settle(seq)
+        settings = self.settings
+        first_wait = settings.idle_timeout if self._available_now else settings.poll_timeout
+        taken = feed.take(settings.max_per_trigger, first_wait, settings.poll_timeout)
+        if not taken:
+            return iter(()), start
+        end = seq + len(taken)
+        self._held.append((end, taken))
+        assert settings.topic is not None
+        return iter(_batches(taken, settings.topic, self.schema)), {"seq": end}
+
+    def readBetweenOffsets(
+        self, start: dict[str, int], end: dict[str, int]
+    ) -> Iterator[pa.RecordBatch]:
+        # A batch planned by an earlier run of the query that did not finish. NSQ cannot
+        # replay it, and it need not: its messages were never FINed, so nsqd delivers them
+        # again as new messages.
+        return iter(())
+
+    def commit(self, end: dict[str, int]) -> None:
+        self._settle(int(end["seq"]))
+
+    def _settle(self, seq: int) -> None:
+        done = [msgs for end, msgs in self._held if end <= seq]
+        if done and self._feed is not None:
+            self._held = [(end, msgs) for end, msgs in self._held if end > seq]
+            self._feed.finish(m for msgs in done for m in msgs)
+
+    def stop(self) -> None:
+        if self._feed is not None:
+            self._feed.close()
+            self._feed = None
+
+
+@dataclass
+class DrainPartition(InputPartition):
+    """One task of a batch read: consume up to ``limit`` messages."""
+
+    limit: int
+
+
+class NsqBatchReader(DataSourceReader):
+    """``spark.read.format("nsq")``: consumes (and FINs) up to maxMessages, like nsq_to_file."""
+
+    def __init__(self, settings: Settings, schema: StructType) -> None:
+        self.settings = settings
+        self.schema = schema
+
+    def partitions(self) -> list[InputPartition]:
+        return [DrainPartition(self.settings.max_messages)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, DrainPartition)
+        settings = self.settings
+        assert settings.topic is not None
+        feed = Feed(settings, min(partition.limit, 2500))
+        try:
+            left = partition.limit
+            while left > 0:
+                taken = feed.take(
+                    min(left, _ROWS_PER_BATCH), settings.idle_timeout, settings.idle_timeout
+                )
+                if not taken:
+                    break
+                left -= len(taken)
+                yield to_batch(taken, settings.topic, self.schema)
+                # Spark has taken the rows: the messages are consumed.
+                feed.finish(taken)
+        finally:
+            feed.close()

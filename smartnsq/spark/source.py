@@ -1,0 +1,82 @@
+"""The ``nsq`` data source: where Spark finds the readers and writers."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    SimpleDataSourceStreamReader,
+)
+from pyspark.sql.types import StructType
+
+if TYPE_CHECKING:
+    from smartnsq.spark.options import Settings
+
+# Spark imports this module in every process that looks for data sources; the readers and
+# writers (and pyarrow) are imported only when a query uses them.
+SCHEMA = (
+    "value binary, topic string, partition int, offset long, timestamp timestamp, "
+    "attempts int, id string, trace_id long, headers map<string,string>, nsqd string"
+)
+
+
+class NsqDataSource(DataSource):
+    """NSQ as a Spark data source named ``nsq``.
+
+    Every check runs here, on the driver, while Spark plans the query: a bad option or
+    column fails the query with a :mod:`smartnsq.errors` exception before any task starts.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "nsq"
+
+    def schema(self) -> str:
+        # Spark asks for the schema only when reading (without a user schema): check the
+        # read options here too, because an error raised while Spark creates a stream reader
+        # reaches the user masked by pyspark's own clean-up.
+        from smartnsq.spark.reader import default_schema
+
+        self._read_settings(default_schema())
+        return SCHEMA
+
+    def _read_settings(self, schema: StructType) -> Settings:
+        from smartnsq.consumer import Consumer
+        from smartnsq.spark.options import parse
+        from smartnsq.spark.reader import check_schema
+
+        check_schema(schema)
+        return parse(self.options, reading=True, client=Consumer)
+
+    def _write_settings(self) -> Settings:
+        from smartnsq.producer import Producer
+        from smartnsq.spark.options import parse
+
+        return parse(self.options, reading=False, client=Producer)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        from smartnsq.spark.reader import NsqBatchReader
+
+        return NsqBatchReader(self._read_settings(schema), schema)
+
+    def simpleStreamReader(self, schema: StructType) -> SimpleDataSourceStreamReader:
+        from smartnsq.spark.reader import NsqStreamReader
+
+        return NsqStreamReader(self._read_settings(schema), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        # Overwrite means nothing for a queue: it publishes, like append.
+        from smartnsq.spark.sink import NsqWriter, check_columns
+
+        settings = self._write_settings()
+        return NsqWriter(settings, check_columns(schema, settings))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from smartnsq.spark.sink import NsqStreamWriter, check_columns
+
+        settings = self._write_settings()
+        return NsqStreamWriter(settings, check_columns(schema, settings))
