@@ -24,6 +24,7 @@ import anyio
 from smartnsq.errors import (
     ConnectFailed,
     ConnectionClosed,
+    NSQError,
     NSQTimeout,
     ProtocolError,
     ServerError,
@@ -252,6 +253,9 @@ class Connection:
             raise ConnectFailed(
                 f"handshake with nsqd {address} timed out after {config.handshake_timeout}s"
             ) from None
+        except NSQError:  # ConnectFailed is an OSError too: keep the precise error
+            await link.aclose()
+            raise
         except (OSError, anyio.EndOfStream, anyio.BrokenResourceError, ssl.SSLError) as exc:
             await link.aclose()
             raise ConnectFailed(f"handshake with nsqd {address} failed: {exc!r}") from exc

@@ -51,6 +51,7 @@ class Feed:
         ]
         self.buffer: deque[Message] = deque()
         self.arrived = threading.Event()
+        self._closing = False
         self.held: set[Message] = set()  # taken, not yet answered; touched with the buffer
         interval = settings.touch_interval
         if interval is None:
@@ -65,8 +66,15 @@ class Feed:
 
     def _on_message(self, msg: Message) -> None:
         msg.disable_auto_response()
+        if self._closing:  # arrived after close() gave everything back: give it back too
+            with contextlib.suppress(NSQError):
+                msg.requeue(0, backoff=False)
+            return
         self.buffer.append(msg)
         self.arrived.set()
+
+    def _close_gate(self) -> None:
+        self._closing = True
 
     def take(self, limit: int, first_wait: float, gap: float) -> list[Message]:
         """Up to ``limit`` messages: waits ``first_wait`` for the first one, then stops once
@@ -122,6 +130,9 @@ class Feed:
     def close(self) -> None:
         """Give back everything still buffered or held, then stop the Consumer."""
         self._toucher.cancel()
+        # From now on a message that arrives (the consumers' RDY is still open until they
+        # stop) is requeued as it comes; otherwise it would sit in flight until its timeout.
+        self._loop.portal.call(self._close_gate)
         self.requeue([*self.held, *self.buffer])
         self.buffer.clear()
         for cm in self._cms:

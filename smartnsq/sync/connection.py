@@ -88,6 +88,9 @@ class SyncConnection:
             conn._handshake(host)
             # Sends give up after this long (nsqd not reading); reads wait with select().
             conn._sock.settimeout(max(timeout, config.handshake_timeout))
+        except NSQError:  # ConnectFailed is an OSError too: keep the precise error
+            conn._abort(None)
+            raise
         except TimeoutError:
             conn._abort(None)
             raise ConnectFailed(f"handshake with nsqd {address} timed out") from None

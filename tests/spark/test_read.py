@@ -95,7 +95,7 @@ def test_batch_read_consumes_up_to_max_messages(spark: Any, classic_cluster: Any
 
     def load(**options: Any) -> Any:
         reader = spark.read.format("nsq").option("nsqd", nsqd.tcp).option("topic", topic)
-        reader = reader.option("channel", channel).option("idleTimeoutMs", 500)
+        reader = reader.option("channel", channel).option("idleTimeoutMs", 3000)
         for k, v in options.items():
             reader = reader.option(k, v)
         return reader.load()
