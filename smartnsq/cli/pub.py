@@ -23,6 +23,7 @@ from smartnsq.cli.options import Common, common, common_options
 from smartnsq.cli.output import configure_logging, print_json
 from smartnsq.cli.progress import PubProgress
 from smartnsq.errors import NSQError, PartialPublish
+from smartnsq.protocol.names import validate_topic
 
 __all__ = ["command"]
 
@@ -104,6 +105,7 @@ def command(
     and says how far it got. A progress bar is shown when stderr is a terminal.
     """
     options = common()
+    validate_topic(topic)
     if sum(x is not None for x in (key, key_field, partition)) > 1:
         raise click.UsageError("choose one of --key, --key-field and --partition")
     if raw and key_field:

@@ -50,7 +50,6 @@ def command(topic: str | None, nsqd_http: tuple[str, ...], interval: float, watc
         raise CliError(f"stat needs --lookupd or --nsqd-http HOST:HTTP_PORT{hint}")
     if topic is not None:
         validate_topic(topic)
-    configure_logging(options)
     anyio.run(_stat, options, http, topic, interval, watch)
     return 0
 
@@ -60,6 +59,7 @@ async def _stat(
 ) -> None:
     async with httpx.AsyncClient(timeout=5.0) as client:
         nodes = await find_nodes(client, options.lookupd, http)
+        configure_logging(options)  # after discovery, whose failure is reported as one line
         if not nodes:
             raise CliError("the lookupds know no nsqd")
         first = await sample(client, nodes, topic)

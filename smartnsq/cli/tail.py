@@ -54,13 +54,13 @@ def command(
         # More in flight than wanted would only be requeued at the end.
         max_in_flight = min(max_in_flight, count)
     consumer = Consumer(topic, channel, max_in_flight=max_in_flight, **options.client_options())
-    configure_logging(options)
     anyio.run(_tail, consumer, options, count, show_meta)
     return 0
 
 
 async def _tail(consumer: Consumer, options: Common, count: int | None, show_meta: bool) -> None:
     await check_reachable(options, consumer.topic)
+    configure_logging(options)  # after the check, whose failure is reported as one line
     out = sys.stdout.buffer
 
     async def main() -> None:

@@ -123,13 +123,13 @@ def command(
         concurrency=max_in_flight,  # every message in flight waits for its fsync in a handler
         **options.client_options(),
     )
-    configure_logging(options)
     anyio.run(_archive, consumer, sink, options, sync)
     return 0
 
 
 async def _archive(consumer: Consumer, sink: Sink, options: Common, sync: float) -> None:
     await check_reachable(options, consumer.topic)
+    configure_logging(options)  # after the check, whose failure is reported as one line
     try:
         # The syncer runs as serve()'s main: it is stopped only after the consumer, so the
         # handlers still running at the stop get their fsync and their FIN.
