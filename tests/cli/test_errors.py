@@ -63,7 +63,8 @@ def test_smartnsq_works_without_click_and_rich_and_does_not_load_the_cli():
     code = (
         "import sys; sys.modules['click'] = None; sys.modules['rich'] = None\n"
         "import smartnsq, smartnsq.lookup.manager\n"
-        "smartnsq.Producer(['127.0.0.1:4150']); smartnsq.Consumer('t', 'c', nsqd_tcp_addresses=['a:1'])\n"
+        "smartnsq.Producer(['127.0.0.1:4150'])\n"
+        "smartnsq.Consumer('t', 'c', nsqd_tcp_addresses=['a:1'])\n"
         "print(sorted(m for m in sys.modules if m.startswith('smartnsq.cli')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True)
