@@ -20,25 +20,30 @@ from typing import BinaryIO
 import anyio
 import anyio.to_thread
 
-__all__ = ["DEFAULT_PATTERN", "OutFile", "Sink", "render_name"]
+__all__ = ["DEFAULT_PATTERN", "OutFile", "Sink", "render_name", "with_rev"]
 
 DEFAULT_PATTERN = "{topic}.{hostname}{rev}.%Y-%m-%d_%H.log"
+
+
+def with_rev(pattern: str) -> str:
+    """``pattern`` with a ``{rev}`` field: a pattern without one gets it before its extension,
+    so that a name already taken can be varied and no existing file is ever appended to."""
+    if "{rev}" in pattern:
+        return pattern
+    stem, dot, ext = pattern.rpartition(".")
+    return f"{stem}{{rev}}.{ext}" if dot and stem else pattern + "{rev}"
 
 
 def render_name(pattern: str, topic: str, when: float, rev: int) -> str:
     """The file name for ``topic`` at time ``when`` (local time, like nsq_to_file).
 
     ``{topic}``, ``{hostname}`` and ``{rev}`` (empty, then ``-1``, ``-2``... when a name is
-    taken) are filled in, then strftime codes. A pattern without ``{rev}`` gets it before
-    the extension, so that no existing file is ever appended to.
+    taken) are filled in, then strftime codes.
     """
-    if "{rev}" not in pattern:
-        stem, dot, ext = pattern.rpartition(".")
-        pattern = f"{stem}{{rev}}.{ext}" if dot and "/" not in ext else pattern + "{rev}"
     host = socket.gethostname().split(".")[0]
     name = pattern.replace("{topic}", topic).replace("{hostname}", host)
     name = name.replace("{rev}", f"-{rev}" if rev else "")
-    return time.strftime(name.replace("%%", "\0"), time.localtime(when)).replace("\0", "%")
+    return time.strftime(name, time.localtime(when))
 
 
 @dataclass
@@ -97,7 +102,8 @@ class Sink:
     ) -> None:
         self.directory = directory
         self.topic = topic
-        self.pattern = pattern + (".gz" if compress and not pattern.endswith(".gz") else "")
+        base = pattern.removesuffix(".gz") if compress else pattern
+        self.pattern = with_rev(base) + (".gz" if compress else "")
         self.compress = compress
         self.rotate_size = rotate_size
         self.rotate_interval = rotate_interval
