@@ -94,7 +94,13 @@ def test_pub_key_and_trace_and_stat_replicas(youzan_cluster):
     assert len(traces) == 1 and "'count': 10" in traces[0] and "trace_id" in traces[0]
 
     wanted = go_partition(key, 2)
-    expected = {wanted: 10, 1 - wanted: 0}
+    # --partition names the other partition outright.
+    other = run_cli(
+        "pub", *addresses(youzan_cluster), "--partition", str(1 - wanted), topic,
+        input=lines_of("p1", "p2", "p3"),
+    )  # fmt: skip
+    assert other.returncode == 0, other.stderr
+    expected = {wanted: 10, 1 - wanted: 3}
     wait_for(lambda: _channel_depths(_stat(youzan_cluster, topic)) == expected, what="depths")
     found = _stat(youzan_cluster, topic)
     nodes = sorted(d.tcp for d in youzan_cluster.nsqd)
@@ -104,7 +110,7 @@ def test_pub_key_and_trace_and_stat_replicas(youzan_cluster):
         assert sorted(part["replicas"]) == nodes
         assert part["leader"] == leaders[part["partition"]]
     assert found["channels"] == [
-        {**found["channels"][0], "channel": "ch", "depth": 10, "messages": 10}
+        {**found["channels"][0], "channel": "ch", "depth": 13, "messages": 13}
     ]
 
     table = run_cli("stat", *addresses(youzan_cluster), "--interval", "0.2", topic)
