@@ -185,7 +185,7 @@ class _Publisher:
 
         start_reader(self.settings.sources, self.settings.raw, emit, self.stop_reading)
         self.started = anyio.current_time()
-        with self.progress, receive:
+        with self.progress, receive, send:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_signals)
                 with self.sending:

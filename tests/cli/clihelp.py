@@ -35,10 +35,13 @@ def run_cli(
     )
 
 
+SPAWNED: list[subprocess.Popen[bytes]] = []  # killed and closed after each test (conftest)
+
+
 def spawn_cli(
     *args: str, stdin: Any = subprocess.DEVNULL, **kwargs: Any
 ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [*CLI, *args],
         stdin=stdin,
         stdout=kwargs.pop("stdout", subprocess.PIPE),
@@ -46,6 +49,20 @@ def spawn_cli(
         env=kwargs.pop("env", None) or cli_env(),
         **kwargs,
     )
+    SPAWNED.append(proc)
+    return proc
+
+
+def cleanup_spawned() -> None:
+    """Kill what a test left running and close the pipes to every process it started."""
+    while SPAWNED:
+        proc = SPAWNED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 class LineReader:
@@ -119,6 +136,7 @@ __all__ = [
     "lines_of",
     "one_line_error",
     "run_cli",
+    "cleanup_spawned",
     "spawn_cli",
     "wait_exit",
 ]

@@ -53,7 +53,9 @@ def test_progress_bar_shows_count_rate_and_eta_on_a_terminal(classic_cluster, tm
     finally:
         os.close(master)
     assert proc.returncode == 0, screen
-    assert proc.stdout is not None and proc.stdout.read() == b""
+    assert proc.stdout is not None
+    with proc.stdout:
+        assert proc.stdout.read() == b""
     assert (topic_stats(nsqd.http, topic) or {}).get("message_count") == 20000
     # The bar's last state: the count, a rate, 100 % and the ETA column; then the summary.
     assert re.search(r"20000 published +\d+ msg/s .*100% ETA", screen), screen
