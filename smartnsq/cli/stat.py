@@ -1,0 +1,171 @@
+"""``smartnsq stat [TOPIC]``: the cluster as lookupd and nsqd see it."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+from typing import Any
+
+import anyio
+import click
+import httpx
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from smartnsq.cli.options import CliError, Common, common, common_options, split_addresses
+from smartnsq.cli.output import configure_logging, print_json
+from smartnsq.cli.statdata import Node, Snapshot, find_nodes, sample, summarize
+from smartnsq.protocol.names import validate_topic
+
+__all__ = ["command", "render"]
+
+
+@click.command("stat")
+@click.argument("topic", required=False)
+@click.option(
+    "--nsqd-http",
+    multiple=True,
+    envvar="NSQ_NSQD_HTTP",
+    metavar="HOST:PORT",
+    help="nsqd HTTP address to ask for /stats, besides those lookupd lists (env NSQ_NSQD_HTTP).",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=1.0,
+    show_default=True,
+    help="Seconds between the two samples that give the rates (and between refreshes).",
+)
+@click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
+@common_options
+def command(topic: str | None, nsqd_http: tuple[str, ...], interval: float, watch: bool) -> int:
+    """Show nsqd nodes, topics (on Youzan: partitions, leader, replicas) and channels with
+    depth, in-flight and message rates. Only TOPIC when given."""
+    options = common()
+    http = split_addresses(nsqd_http)
+    if not options.lookupd and not http:
+        hint = " (--nsqd is the TCP address; stat needs the HTTP one)" if options.nsqd else ""
+        raise CliError(f"stat needs --lookupd or --nsqd-http HOST:HTTP_PORT{hint}")
+    if topic is not None:
+        validate_topic(topic)
+    anyio.run(_stat, options, http, topic, interval, watch)
+    return 0
+
+
+async def _stat(
+    options: Common, http: list[str], topic: str | None, interval: float, watch: bool
+) -> None:
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        nodes = await find_nodes(client, options.lookupd, http)
+        configure_logging(options)  # after discovery, whose failure is reported as one line
+        if not nodes:
+            raise CliError("the lookupds know no nsqd")
+        first = await sample(client, nodes, topic)
+        if len(first.errors) == len(nodes):
+            raise CliError("no nsqd answered /stats: " + "; ".join(first.errors.values()))
+        if not watch:
+            await anyio.sleep(interval)
+            snapshot = _checked(nodes, first, await sample(client, nodes, topic), topic)
+            _show(snapshot, options)
+            return
+        await _watch(client, options, nodes, first, topic, interval)
+
+
+def _checked(nodes: list[Node], first: Any, last: Any, topic: str | None) -> Snapshot:
+    snapshot = summarize(nodes, first, last)
+    if topic is not None and not snapshot.topics:
+        raise CliError(f"no nsqd has topic {topic!r}")
+    return snapshot
+
+
+def _show(snapshot: Snapshot, options: Common) -> None:
+    if options.json:
+        print_json(dataclasses.asdict(snapshot))
+    else:
+        _console().print(render(snapshot))
+
+
+async def _watch(
+    client: httpx.AsyncClient,
+    options: Common,
+    nodes: list[Node],
+    first: Any,
+    topic: str | None,
+    interval: float,
+) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with anyio.create_task_group() as tg:
+
+            async def stop_on_signal() -> None:
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(stop_on_signal)
+            live = None if options.json else Live(console=_console(), auto_refresh=False)
+            try:
+                if live is not None:
+                    live.start()
+                while True:
+                    await anyio.sleep(interval)
+                    last = await sample(client, nodes, topic)
+                    snapshot = summarize(nodes, first, last)
+                    if live is None:
+                        print_json(dataclasses.asdict(snapshot))
+                    else:
+                        live.update(render(snapshot), refresh=True)
+                    first = last
+            finally:
+                if live is not None:
+                    live.stop()
+
+
+def _console() -> Console:
+    # Not a terminal (a pipe, a file): wide enough that addresses are not cut short.
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _n(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def render(snapshot: Snapshot) -> Group:
+    """Three rich tables: nodes, topics (by partition or node), channels."""
+    nodes = Table(title="nsqd nodes", title_justify="left")
+    for col in ("nsqd", "http", "hostname", "version", "health", "topics"):
+        nodes.add_column(col, justify="right" if col == "topics" else "left")
+    for n in snapshot.nodes:
+        health = n["health"] or f"[red]{n['error'] or 'no answer'}[/red]"
+        nodes.add_row(
+            n["tcp"] or "-", n["http"], n["hostname"] or "-", n["version"] or "-", health,
+            _n(n["topics"]),
+        )  # fmt: skip
+    rate = f"msg/s ({snapshot.interval:.1f}s)"
+    topics = Table(title="topics", title_justify="left")
+    for col in ("topic", "partition", "nsqd (leader)", "replicas", "depth", "messages", rate):
+        topics.add_column(col, justify="right" if col in ("depth", "messages", rate) else "left")
+    channels = Table(title="channels", title_justify="left")
+    cols = ("topic", "channel", "depth", "in flight", "deferred", "requeued", "timed out",
+            "clients", "messages", rate)  # fmt: skip
+    for col in cols:
+        channels.add_column(col, justify="left" if col in ("topic", "channel") else "right")
+    for t in snapshot.topics:
+        for p in t.get("partitions") or t.get("nodes") or []:
+            replicas = ", ".join(r for r in p["replicas"] if r != p["leader"]) or "-"
+            topics.add_row(
+                t["topic"], _n(p["partition"]), p["leader"] or "[red]none[/red]", replicas,
+                _n(p.get("depth")), _n(p.get("messages")), _n(p.get("rate")),
+            )  # fmt: skip
+        for c in t["channels"]:
+            name = c["channel"] + (" (paused)" if c.get("paused") else "")
+            channels.add_row(
+                t["topic"], name, _n(c["depth"]), _n(c["in_flight"]), _n(c["deferred"]),
+                _n(c["requeued"]), _n(c["timed_out"]), _n(c["clients"]), _n(c["messages"]),
+                _n(c.get("rate")),
+            )  # fmt: skip
+    return Group(nodes, topics, channels)

@@ -1,0 +1,231 @@
+"""What ``smartnsq stat`` shows: nodes from the lookupds, numbers from each nsqd's /stats.
+
+Classic and Youzan nsqd answer /stats alike, except that the fork has one entry per topic
+partition (``topic_partition``) on every node holding a replica of it, with ``is_leader`` on
+the one that serves it. Totals count leaders only, so replicas are not counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+
+from smartnsq.cli.options import CliError
+from smartnsq.errors import NSQError
+from smartnsq.lookup.manager import LookupManager
+
+__all__ = ["Node", "Sample", "Snapshot", "find_nodes", "sample", "summarize"]
+
+ACCEPT = {"Accept": "application/vnd.nsq; version=1.0"}
+TIMEOUT = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One nsqd: its HTTP address (for /stats), and what lookupd says about it."""
+
+    http: str
+    tcp: str = ""
+    version: str = ""
+    hostname: str = ""
+
+
+@dataclass
+class Sample:
+    """One round of /stats answers, by node HTTP address, and when it was taken."""
+
+    at: float
+    stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Snapshot:
+    """The summary that is printed: JSON-ready dictionaries."""
+
+    nodes: list[dict[str, Any]]
+    topics: list[dict[str, Any]]
+    interval: float
+
+
+async def _get_json(client: httpx.AsyncClient, url: str) -> Any:
+    with anyio.fail_after(TIMEOUT):
+        response = await client.get(url, headers=ACCEPT)
+    if response.status_code != 200:
+        raise CliError(f"GET {url}: HTTP {response.status_code}")
+    body = json.loads(response.content or b"null")
+    if isinstance(body, dict) and "status_code" in body and "data" in body:
+        body = body["data"]  # the legacy envelope
+    return body
+
+
+async def find_nodes(
+    client: httpx.AsyncClient, lookupds: list[str], nsqd_http: list[str]
+) -> list[Node]:
+    """Every nsqd a lookupd knows (asking each lookupd of the cluster), plus ``nsqd_http``."""
+    nodes: dict[str, Node] = {a: Node(http=a) for a in nsqd_http}
+    if not lookupds:
+        return list(nodes.values())
+    try:
+        async with LookupManager(lookupds) as manager:
+            urls = await manager.discover()
+    except NSQError as exc:
+        raise CliError(str(exc)) from None
+    errors: list[str] = []
+    for url in urls:
+        try:
+            body = await _get_json(client, f"{url}/nodes")
+        except (CliError, httpx.HTTPError, TimeoutError, ValueError) as exc:
+            errors.append(f"{url}: {exc}")
+            continue
+        for p in (body or {}).get("producers") or []:
+            host = p.get("broadcast_address", "")
+            http = f"{host}:{p.get('http_port')}"
+            nodes[http] = Node(
+                http=http,
+                tcp=f"{host}:{p.get('tcp_port')}",
+                version=str(p.get("version", "")),
+                hostname=str(p.get("hostname", "")),
+            )
+    if len(errors) == len(urls):
+        raise CliError("no lookupd answered /nodes: " + "; ".join(errors))
+    return list(nodes.values())
+
+
+async def sample(client: httpx.AsyncClient, nodes: list[Node], topic: str | None) -> Sample:
+    """Ask every node for /stats at once."""
+    result = Sample(at=anyio.current_time())
+    query = "?format=json" + (f"&topic={topic}" if topic else "")
+
+    async def one(node: Node) -> None:
+        try:
+            result.stats[node.http] = await _get_json(client, f"http://{node.http}/stats{query}")
+        except (CliError, httpx.HTTPError, TimeoutError, ValueError) as exc:
+            result.errors[node.http] = str(exc) or type(exc).__name__
+
+    async with anyio.create_task_group() as tg:
+        for node in nodes:
+            tg.start_soon(one, node)
+    return result
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _entries(s: Sample) -> dict[tuple[str, str, int | None], dict[str, Any]]:
+    """Topic entries by (node, topic, partition)."""
+    out: dict[tuple[str, str, int | None], dict[str, Any]] = {}
+    for node, stats in s.stats.items():
+        for t in (stats or {}).get("topics") or []:
+            part = t.get("topic_partition")
+            partition = int(part) if isinstance(part, str) and part.lstrip("-").isdigit() else None
+            out[(node, str(t.get("topic_name")), partition)] = t
+    return out
+
+
+def _rate(now: int, before: int | None, dt: float) -> float | None:
+    if before is None or dt <= 0:
+        return None
+    return round(max(0, now - before) / dt, 1)
+
+
+_CHANNEL_FIELDS = {
+    "depth": "depth",
+    "in_flight": "in_flight_count",
+    "deferred": "deferred_count",
+    "requeued": "requeue_count",
+    "timed_out": "timeout_count",
+    "messages": "message_count",
+}
+
+
+def _channel(c: dict[str, Any], old: dict[str, Any] | None, dt: float) -> dict[str, Any]:
+    row: dict[str, Any] = {k: _int(c.get(v)) for k, v in _CHANNEL_FIELDS.items()}
+    clients = c.get("clients")
+    row["clients"] = len(clients) if isinstance(clients, list) else _int(c.get("client_num"))
+    row["paused"] = bool(c.get("paused"))
+    row["rate"] = _rate(
+        row["messages"], None if old is None else _int(old.get("message_count")), dt
+    )
+    return row
+
+
+def _add(total: dict[str, Any], row: dict[str, Any]) -> None:
+    for k, v in row.items():
+        if k == "rate":  # None: no earlier sample to compare with
+            total[k] = None if v is None else (total.get(k) or 0) + v
+        elif isinstance(v, bool):
+            total[k] = total.get(k, False) or v
+        elif isinstance(v, int | float):
+            total[k] = total.get(k, 0) + v
+
+
+def summarize(nodes: list[Node], first: Sample | None, last: Sample) -> Snapshot:
+    """Nodes, and topics with their partitions and channels, with rates from two samples."""
+    dt = last.at - first.at if first is not None else 0.0
+    before = _entries(first) if first is not None else {}
+    now = _entries(last)
+    node_rows = []
+    for n in nodes:
+        stats = last.stats.get(n.http) or {}
+        node_rows.append(
+            {
+                "http": n.http,
+                "tcp": n.tcp or None,
+                "hostname": n.hostname or None,
+                "version": str(stats.get("version") or n.version) or None,
+                "health": stats.get("health") if n.http in last.stats else None,
+                "error": last.errors.get(n.http),
+                "topics": len({name for (h, name, _) in now if h == n.http}),
+            }
+        )
+    tcp_of = {n.http: n.tcp or n.http for n in nodes}
+    topics: dict[str, dict[str, Any]] = {}
+    for (node, name, partition), t in sorted(now.items(), key=lambda kv: (kv[0][1], kv[0][2] or 0)):
+        old = before.get((node, name, partition))
+        topic = topics.setdefault(
+            name, {"topic": name, "depth": 0, "messages": 0, "rate": None, "parts": {}}
+        )
+        leader = t.get("is_leader", True) is not False
+        key = str(partition) if partition is not None else node
+        part = topic["parts"].setdefault(
+            key,
+            {"partition": partition, "leader": None, "replicas": [], "channels": {}},
+        )
+        part["replicas"].append(tcp_of.get(node, node))
+        if not leader:
+            continue
+        part["leader"] = tcp_of.get(node, node)
+        messages = _int(t.get("message_count"))
+        old_messages = None if old is None else _int(old.get("message_count"))
+        part.update(depth=_int(t.get("depth")), messages=messages)
+        part["rate"] = _rate(messages, old_messages, dt)
+        old_channels = {c.get("channel_name"): c for c in (old or {}).get("channels") or []}
+        for c in t.get("channels") or []:
+            cname = str(c.get("channel_name"))
+            part["channels"][cname] = _channel(c, old_channels.get(cname), dt)
+    return Snapshot(node_rows, [_topic_totals(t) for t in topics.values()], dt)
+
+
+def _topic_totals(topic: dict[str, Any]) -> dict[str, Any]:
+    parts = list(topic.pop("parts").values())
+    channels: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        _add(topic, {k: part.get(k, 0) for k in ("depth", "messages")})
+        if part.get("rate") is not None:
+            topic["rate"] = (topic["rate"] or 0) + part["rate"]
+        for cname, row in part["channels"].items():
+            total = channels.setdefault(cname, {"channel": cname})
+            _add(total, row)
+    partitioned = any(p["partition"] is not None for p in parts)
+    for part in parts:
+        part["channels"] = [{"channel": k, **v} for k, v in part["channels"].items()]
+    topic["partitioned"] = partitioned
+    topic["partitions" if partitioned else "nodes"] = parts
+    topic["channels"] = list(channels.values())
+    return topic

@@ -1,0 +1,81 @@
+"""Bad input gives one line naming what to fix and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.cli.clihelp import cli_env, one_line_error, run_cli
+from tests.helpers import unique
+
+NOWHERE = "127.0.0.1:1"  # nothing listens on port 1
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["pub"], ["Missing argument 'TOPIC'"]),
+        (["pub", "t"], ["--lookupd", "--nsqd"]),
+        (["pub", "--nsqd", NOWHERE, "bad topic!"], ["topic name"]),
+        (["pub", "--nsqd", NOWHERE, "t", "/no/such/file"], ["/no/such/file"]),
+        (["pub", "--nsqd", NOWHERE, "--key", "a", "--key-field", "b", "t"], ["--key"]),
+        (["pub", "--nsqd", NOWHERE, "--rate", "0", "t"], ["--rate"]),
+        (["pub", "--nsqd", "host:99999", "t"], ["host:99999"]),
+        (["pub", "--lookupd", "ftp://x", "t"], ["ftp://x"]),
+        (["tail", "--nsqd", NOWHERE, "t"], ["cannot reach", NOWHERE]),
+        (["tail", "--nsqd", NOWHERE, "-n", "0", "t"], ["--count"]),
+        (["to-file", "--nsqd", NOWHERE, "t"], ["--dir"]),
+        (["to-file", "--nsqd", NOWHERE, "--dir", ".", "--rotate-size", "lots", "t"], ["lots"]),
+        (["to-file", "--nsqd", NOWHERE, "--dir", ".", "--pattern", "a/b", "t"], ["--pattern"]),
+        (["stat", "--nsqd", NOWHERE], ["--nsqd-http"]),
+        (["stat", "--nsqd-http", NOWHERE], ["no nsqd answered"]),
+        (["stat", "--lookupd", NOWHERE], ["lookupd"]),
+        (["pub", "--nsqd", NOWHERE, "--tls-ca", "/no/ca.pem", "t"], ["/no/ca.pem"]),
+        (["bogus"], ["No such command 'bogus'"]),
+    ],
+)
+def test_bad_input_is_one_line_and_a_non_zero_exit(args, needles):
+    result = run_cli(*args)
+    line = one_line_error(result, *needles)
+    assert line.startswith("smartnsq")
+
+
+def test_environment_variables_are_read_and_split_on_commas():
+    # Two unreachable nsqd from NSQ_NSQD: both are named, so both were read.
+    result = run_cli("tail", "t", env=cli_env(NSQ_NSQD=f"{NOWHERE}, 127.0.0.1:2"))
+    one_line_error(result, "nsqd 127.0.0.1:1", "nsqd 127.0.0.1:2")
+
+
+def test_a_publish_that_fails_is_reported_per_line_and_exits_1():
+    topic = unique("cli_err")
+    result = run_cli("pub", "--nsqd", NOWHERE, topic, input=b"one\ntwo\n")
+    assert result.returncode == 1
+    err = result.stderr.decode()
+    assert "<stdin>: line 1-2 not published" in err
+    assert "published 0 messages" in err and "2 failed" in err
+
+
+def test_smartnsq_works_without_click_and_rich_and_does_not_load_the_cli():
+    # httpx imports click and rich by itself when they are installed, so block them outright:
+    # smartnsq must import and build clients without them, and leave its cli package alone.
+    code = (
+        "import sys; sys.modules['click'] = None; sys.modules['rich'] = None\n"
+        "import smartnsq, smartnsq.lookup.manager\n"
+        "smartnsq.Producer(['127.0.0.1:4150'])\n"
+        "smartnsq.Consumer('t', 'c', nsqd_tcp_addresses=['a:1'])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('smartnsq.cli')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True)
+    assert out.stdout.strip() == b"[]"
+
+
+def test_without_the_extra_the_command_says_what_to_install():
+    # sys.modules[name] = None makes 'import name' fail as if it were not installed.
+    code = (
+        "import sys; sys.modules['click'] = None; sys.argv = ['smartnsq', 'stat'];"
+        "import runpy; runpy.run_module('smartnsq', run_name='__main__')"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, check=False)
+    one_line_error(result, "pip install 'smartnsq[cli]'")

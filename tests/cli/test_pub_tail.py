@@ -1,0 +1,99 @@
+"""pub and tail against a real classic nsqd."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.cli.clihelp import LineReader, lines_of, run_cli, spawn_cli, wait_exit
+from tests.helpers import topic_stats, unique, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _channels(nsqd_http: str, topic: str) -> list[str]:
+    return [c["channel_name"] for c in (topic_stats(nsqd_http, topic) or {}).get("channels") or []]
+
+
+def _message_count(nsqd_http: str, topic: str) -> int:
+    return int((topic_stats(nsqd_http, topic) or {}).get("message_count", 0))
+
+
+def test_tail_prints_what_pub_publishes(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("cli_tail")
+    tail = spawn_cli("tail", "--nsqd", nsqd.tcp, "-n", "4", topic)
+    reader = LineReader(tail.stdout)
+    # tail reads from a fresh ephemeral channel: publish once it is subscribed.
+    channels = wait_for(lambda: _channels(nsqd.http, topic), what="tail's channel")
+    assert len(channels) == 1 and channels[0].endswith("#ephemeral")
+    lines = ["first", "ünïcödé", '{"json": true}', "last"]
+    pub = run_cli("pub", "--nsqd", nsqd.tcp, topic, input=lines_of(*lines))
+    assert pub.returncode == 0, pub.stderr
+    assert pub.stderr == b""  # quiet on success when stderr is not a terminal
+    assert wait_exit(tail) == 0, tail.stderr.read()  # type: ignore[union-attr]
+    assert [line.decode() for line in reader.wait_for(4)] == lines
+    # nsqd deletes an ephemeral channel when its last reader goes.
+    wait_for(lambda: not _channels(nsqd.http, topic), what="the ephemeral channel to go")
+
+
+def test_pub_files_skips_empty_lines_and_tail_json_reads_a_real_channel(classic_cluster, tmp_path):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("cli_files")
+    a = tmp_path / "a.txt"
+    a.write_bytes(b"x\n\ny\r\n")
+    b = tmp_path / "b.txt"
+    b.write_bytes(b"z")  # no newline at the end: still a line
+    pub = run_cli("pub", "--nsqd", nsqd.tcp, "--json", topic, str(a), str(b))
+    assert pub.returncode == 0, pub.stderr
+    summary = json.loads(pub.stdout)
+    assert summary["published"] == 3 and summary["skipped_empty"] == 1
+    assert summary["failed"] == 0 and not summary["interrupted"]
+    raw = run_cli("pub", "--nsqd", nsqd.tcp, "--raw", topic, str(a))
+    assert raw.returncode == 0, raw.stderr
+    assert _message_count(nsqd.http, topic) == 4
+    # A real channel created now gets what the topic holds.
+    tail = run_cli(
+        "tail", "--nsqd", nsqd.tcp, "--channel", "keep", "-n", "4", "--json", "--show-meta", topic
+    )
+    assert tail.returncode == 0, tail.stderr
+    records = [json.loads(line) for line in tail.stdout.splitlines()]
+    assert [r["body"] for r in records] == ["x", "y", "z", "x\n\ny\r\n"]
+    assert all(r["attempts"] == 1 and r["nsqd"] == nsqd.tcp for r in records)
+    assert all("partition" not in r for r in records)  # classic nsqd: no Youzan fields
+    assert "keep" in _channels(nsqd.http, topic)  # not ephemeral: still there
+
+
+def test_ctrl_c_stops_reading_and_says_how_many_were_published(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("cli_int")
+    pub = spawn_cli("pub", "--nsqd", nsqd.tcp, topic, stdin=subprocess.PIPE)
+    assert pub.stdin is not None
+    pub.stdin.write(lines_of("one", "two", "three"))
+    pub.stdin.flush()  # the pipe stays open: pub is waiting for more input
+    wait_for(lambda: _message_count(nsqd.http, topic) == 3, what="3 published messages")
+    pub.send_signal(signal.SIGINT)
+    assert wait_exit(pub) == 130
+    err = pub.stderr.read().decode()  # type: ignore[union-attr]
+    assert err.splitlines() == [
+        f"smartnsq pub: interrupted: published 3 messages to {topic}; input read up to <stdin>:3"
+    ]
+    pub.stdin.close()
+
+
+def test_rate_caps_messages_per_second(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("cli_rate")
+    started = time.monotonic()
+    pub = run_cli(
+        "pub", "--nsqd", nsqd.tcp, "--rate", "20", topic, input=lines_of(*map(str, range(11)))
+    )
+    elapsed = time.monotonic() - started
+    assert pub.returncode == 0, pub.stderr
+    assert _message_count(nsqd.http, topic) == 11
+    # 11 messages at 20/s: the last one may go 0.5 s after the first, not sooner.
+    assert elapsed >= 0.5

@@ -1,0 +1,81 @@
+"""stat against a real classic cluster (the Youzan side is in test_youzan.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from tests.cli.clihelp import LineReader, addresses, lines_of, run_cli, spawn_cli, wait_exit
+from tests.helpers import unique
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def busy_topic(classic_cluster):
+    """A topic with 5 messages and a channel 'c' that has finished 2 of them."""
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("cli_stat")
+    pub = run_cli("pub", "--nsqd", nsqd.tcp, topic, input=lines_of(*"abcde"))
+    assert pub.returncode == 0, pub.stderr
+    tail = run_cli("tail", "--nsqd", nsqd.tcp, "--channel", "c", "-n", "2", topic)
+    assert tail.stdout == b"a\nb\n", tail.stderr
+    return topic
+
+
+def test_stat_json_shows_nodes_topics_and_channels_from_lookupd(classic_cluster, busy_topic):
+    nsqd = classic_cluster.nsqd[0]
+    result = run_cli("stat", *addresses(classic_cluster), "--json", "--interval", "0.2", busy_topic)
+    assert result.returncode == 0, result.stderr
+    snap = json.loads(result.stdout)
+    (node,) = snap["nodes"]
+    assert node["tcp"] == nsqd.tcp and node["http"] == nsqd.http and node["health"] == "OK"
+    (topic,) = snap["topics"]
+    assert topic["topic"] == busy_topic and not topic["partitioned"]
+    assert topic["messages"] == 5 and topic["rate"] == 0
+    assert [n["leader"] for n in topic["nodes"]] == [nsqd.tcp]
+    (channel,) = topic["channels"]
+    assert channel["channel"] == "c"
+    assert (channel["depth"], channel["in_flight"], channel["messages"]) == (3, 0, 5)
+
+
+def test_stat_table_is_readable(classic_cluster, busy_topic):
+    nsqd = classic_cluster.nsqd[0]
+    result = run_cli("stat", "--nsqd-http", nsqd.http, "--interval", "0.2")
+    assert result.returncode == 0, result.stderr
+    rows = result.stdout.decode().splitlines()
+    assert any(nsqd.http in row and "OK" in row for row in rows)
+    channel_row = next(row for row in rows if busy_topic in row and " c " in row)
+    assert channel_row.split("│")[3].strip() == "3"  # the depth column
+
+
+def test_stat_of_an_unknown_topic_is_an_error(classic_cluster):
+    result = run_cli("stat", *addresses(classic_cluster), "--interval", "0.1", "nope_nope")
+    assert result.returncode == 1
+    assert result.stderr.decode().strip() == "smartnsq stat: error: no nsqd has topic 'nope_nope'"
+
+
+def test_stat_watch_reports_the_publish_rate_until_ctrl_c(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("cli_watch")
+    assert run_cli("pub", "--nsqd", nsqd.tcp, topic, input=b"first\n").returncode == 0
+    watch = spawn_cli(
+        "stat", "--nsqd-http", nsqd.http, "--watch", "--json", "--interval", "0.3", topic
+    )
+    reader = LineReader(watch.stdout)
+    reader.wait_for(1)
+    assert run_cli("pub", "--nsqd", nsqd.tcp, topic, input=lines_of(*"x" * 30)).returncode == 0
+
+    def rates() -> list[float]:
+        return [json.loads(line)["topics"][0]["rate"] for line in reader.lines]
+
+    # Some refresh saw the 30 messages arrive: a positive rate.
+    n = len(reader.lines)
+    while not any(r > 0 for r in rates()):
+        n += 1
+        reader.wait_for(n)
+    watch.send_signal(signal.SIGINT)
+    assert wait_exit(watch) == 0
+    assert json.loads(reader.lines[-1])["topics"][0]["messages"] == 31

@@ -1,0 +1,120 @@
+"""pub, tail and stat against Youzan's HA fork: partitions, sharding keys, leaders, replicas."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from compat.youzan import create_topic
+from smartnsq.ordered import go_partition
+from tests.cli.clihelp import addresses, lines_of, run_cli
+from tests.helpers import unique, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _partition_leaders(info: dict) -> dict[int, str]:
+    return {
+        int(p): f"{n['broadcast_address']}:{n['tcp_port']}" for p, n in info["partitions"].items()
+    }
+
+
+def _stat(cluster, topic: str) -> dict:
+    result = run_cli("stat", *addresses(cluster), "--json", "--interval", "0.2", topic)
+    assert result.returncode == 0, result.stderr
+    (found,) = json.loads(result.stdout)["topics"]
+    return found
+
+
+def _channel_depths(topic_stat: dict, channel: str = "ch") -> dict[int, int]:
+    return {
+        p["partition"]: next(c["depth"] for c in p["channels"] if c["channel"] == channel)
+        for p in topic_stat["partitions"]
+    }
+
+
+def test_pub_key_field_lands_like_the_producer_and_tail_shows_the_partition(youzan_cluster):
+    topic = unique("cli_yz")
+    info = create_topic(youzan_cluster, topic, partitions=2, replicas=1, channel="ch")
+    users = [f"user-{i}" for i in range(40)]
+    lines = [json.dumps({"user": u, "n": i}) for i, u in enumerate(users)]
+    pub = run_cli(
+        "pub", *addresses(youzan_cluster), "--key-field", "user", topic,
+        input=lines_of(*lines, "not json", '{"user": [1]}'),
+    )  # fmt: skip
+    # The two bad lines are reported, one line each, and make the exit status 1.
+    assert pub.returncode == 1
+    assert pub.stderr.decode().splitlines() == [
+        "smartnsq pub: <stdin>: line 41 not published: not JSON, so no --key-field user",
+        "smartnsq pub: <stdin>: line 42 not published: field 'user' is list, not a string or int",
+        f"smartnsq pub: published 40 messages to {topic}, 2 failed",
+    ]
+    expected = Counter(go_partition(u, 2) for u in users)
+    assert set(expected) == {0, 1}  # the keys really spread over both partitions
+
+    # stat: per-partition depth, and the leaders lookupd names.
+    wait_for(lambda: _channel_depths(_stat(youzan_cluster, topic)) == expected, what="depths")
+    found = _stat(youzan_cluster, topic)
+    assert found["partitioned"] and found["messages"] == 40
+    leaders = _partition_leaders(info)
+    assert {p["partition"]: p["leader"] for p in found["partitions"]} == leaders
+
+    tail = run_cli(
+        "tail", *addresses(youzan_cluster), "--channel", "ch", "-n", "40", "--json",
+        "--show-meta", topic,
+    )  # fmt: skip
+    assert tail.returncode == 0, tail.stderr
+    records = [json.loads(line) for line in tail.stdout.splitlines()]
+    assert sorted(r["body"] for r in records) == sorted(lines)
+    for r in records:
+        user = json.loads(r["body"])["user"]
+        assert r["partition"] == go_partition(user, 2), r
+        assert r["nsqd"] == leaders[r["partition"]]
+        assert r["trace_id"] == 0 and r["headers"] == {}
+    # Same key, same partition, in order.
+    ns = [json.loads(r["body"])["n"] for r in records if r["partition"] == 0]
+    assert ns == sorted(ns)
+
+
+def test_pub_key_and_trace_and_stat_replicas(youzan_cluster):
+    topic = unique("cli_yzr")
+    info = create_topic(
+        youzan_cluster, topic, partitions=2, replicas=2, channel="ch", multipart=True
+    )
+    key = "the-one-key"
+    pub = run_cli(
+        "pub", *addresses(youzan_cluster), "--key", key, "--trace", topic,
+        input=lines_of(*(f"m{i}" for i in range(10))),
+    )  # fmt: skip
+    assert pub.returncode == 0, pub.stderr
+    # --trace logs the trace record of each acknowledged batch (one MPUB here).
+    traces = [line for line in pub.stderr.decode().splitlines() if "publish" in line]
+    assert len(traces) == 1 and "'count': 10" in traces[0] and "trace_id" in traces[0]
+
+    wanted = go_partition(key, 2)
+    # --partition names the other partition outright.
+    other = run_cli(
+        "pub", *addresses(youzan_cluster), "--partition", str(1 - wanted), topic,
+        input=lines_of("p1", "p2", "p3"),
+    )  # fmt: skip
+    assert other.returncode == 0, other.stderr
+    expected = {wanted: 10, 1 - wanted: 3}
+    wait_for(lambda: _channel_depths(_stat(youzan_cluster, topic)) == expected, what="depths")
+    found = _stat(youzan_cluster, topic)
+    nodes = sorted(d.tcp for d in youzan_cluster.nsqd)
+    leaders = _partition_leaders(info)
+    for part in found["partitions"]:
+        # Two replicas of each partition, one on each nsqd; the leader is lookupd's.
+        assert sorted(part["replicas"]) == nodes
+        assert part["leader"] == leaders[part["partition"]]
+    assert found["channels"] == [
+        {**found["channels"][0], "channel": "ch", "depth": 13, "messages": 13}
+    ]
+
+    table = run_cli("stat", *addresses(youzan_cluster), "--interval", "0.2", topic)
+    assert table.returncode == 0, table.stderr
+    row = next(r for r in table.stdout.decode().splitlines() if topic in r and f"│ {wanted} " in r)
+    cells = [c.strip() for c in row.split("│")]
+    assert cells[3] == leaders[wanted] and cells[4] == leaders[1 - wanted]  # leader, replica
