@@ -1,9 +1,11 @@
 """Blocking front doors for code that is not async (threads, scripts, WSGI, Spark tasks).
 
 :class:`Producer` publishes with blocking sockets on the same sans-IO core as the async
-:class:`smartnsq.Producer`; it is thread-safe.
+:class:`smartnsq.Producer`; it is thread-safe. :class:`Consumer` runs the async consumer on a
+background event loop and hands messages to your thread.
 """
 
+from smartnsq.sync.consumer import Consumer
 from smartnsq.sync.producer import Producer
 
-__all__ = ["Producer"]
+__all__ = ["Consumer", "Producer"]

@@ -1,0 +1,204 @@
+"""The blocking consuming front door: :class:`Consumer` for code that is not async.
+
+It runs the async :class:`smartnsq.Consumer` (RDY, backoff, heartbeats, ordered partitions,
+graceful stop: one implementation) on an event loop in a background thread, and hands
+messages to the user's thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext, suppress
+from typing import Any
+
+import anyio
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from smartnsq.consumer import Consumer as AsyncConsumer
+from smartnsq.consumer import ConsumerStats, Handler
+from smartnsq.errors import InvalidType, NSQError
+from smartnsq.message import Message
+
+_FIN, _REQUEUE, _BACK = "fin", "requeue", "back"
+
+
+class _Handed:
+    """A message handed to the user's thread, and how it ends."""
+
+    __slots__ = ("done", "message", "outcome")
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
+        self.done = anyio.Event()
+        self.outcome = _FIN
+
+
+class Consumer:
+    """Consumes a channel of a topic from plain (non-async) code.
+
+    Iterate::
+
+        with Consumer("events", "archive", lookupd_http_addresses=[...]) as consumer:
+            for message in consumer:
+                ...   # FINed when the next one is taken (or when the block ends normally)
+
+    or give a handler and block in :meth:`run` (until :meth:`stop`, Ctrl-C or SIGTERM)::
+
+        Consumer("events", "archive", handle, lookupd_http_addresses=[...]).run()
+
+    The arguments are :class:`smartnsq.Consumer`'s, and so is the contract: RDY and backoff,
+    heartbeats answered while your code runs, a graceful stop that loses nothing, ordered
+    partitions on Youzan. While iterating, an exception that leaves the ``with`` block
+    requeues the message being handled (and every message not yet handed over); leaving
+    the loop early (``break``) counts the current message as handled. ``message.finish()``,
+    ``requeue()`` and ``touch()`` may be called from this thread.
+    """
+
+    def __init__(
+        self, topic: str, channel: str, handler: Handler | None = None, **options: Any
+    ) -> None:
+        if handler is not None and not callable(handler):
+            raise InvalidType("handler must be a callable taking one Message (or None to iterate)")
+        self._args = (topic, channel)
+        self._handler = handler
+        self._options = options
+        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
+        self._portal: BlockingPortal | None = None
+        self._consumer: AsyncConsumer | None = None
+        self._entered: AbstractContextManager[Any] = nullcontext()
+        self._handed: queue.SimpleQueue[_Handed | None] = queue.SimpleQueue()
+        self._current: _Handed | None = None
+        self._stopped = threading.Event()
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def __enter__(self) -> Consumer:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(handled=exc_type is None)
+
+    def start(self) -> None:
+        """Start consuming (``with`` does this). Bad arguments raise here, before any
+        connection is made."""
+        if self._portal is not None or self._closed:
+            raise NSQError("a sync Consumer can be started only once")
+        self._portal_cm = start_blocking_portal()
+        self._portal = portal = self._portal_cm.__enter__()
+        try:
+            handler = self._handler if self._handler is not None else self._hand_over
+            self._consumer = portal.call(self._create, handler)
+            # Entered and exited in one task of the loop (it owns a task group).
+            self._entered = portal.wrap_async_context_manager(self._consumer)
+            self._entered.__enter__()
+        except BaseException:
+            self._portal_cm.__exit__(None, None, None)
+            self._portal = None
+            raise
+
+    def _create(self, handler: Handler) -> AsyncConsumer:
+        options = dict(self._options)
+        if self._handler is None:
+            # Every message the consumer may hold can be waiting for the user's thread.
+            options.setdefault("concurrency", max(1, int(options.get("max_in_flight", 1))))
+        return AsyncConsumer(*self._args, handler, **options)
+
+    def close(self, timeout: float = 10.0, *, handled: bool = True) -> None:
+        """Stop gracefully (see :meth:`smartnsq.Consumer.stop`); ``handled`` says whether the
+        message being handled in the loop counts as done (FIN) or not (requeued)."""
+        if self._closed or self._portal is None or self._consumer is None:
+            self._closed = True
+            return
+        self._closed = True
+        portal, consumer = self._portal, self._consumer
+        current, self._current = self._current, None
+        if current is not None:
+            self._release(current, _FIN if handled else _REQUEUE)
+        stop = portal.start_task_soon(consumer.stop, timeout)
+        # Messages waiting for this thread go back at once; more may arrive until RDY 0.
+        while not stop.done():
+            self._give_back_waiting()
+            try:
+                stop.result(timeout=0.05)
+            except TimeoutError:
+                continue
+        self._give_back_waiting()
+        try:
+            self._entered.__exit__(None, None, None)
+        finally:
+            self._stopped.set()
+            assert self._portal_cm is not None
+            self._portal_cm.__exit__(None, None, None)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` (or an iteration) to end; callable from any thread."""
+        self._stopped.set()
+        self._handed.put(None)
+
+    def run(self) -> None:
+        """With a handler: consume until :meth:`stop`, Ctrl-C or SIGTERM, then stop
+        gracefully and return. Handlers run in worker threads (see :class:`smartnsq.Consumer`)."""
+        if self._handler is None:
+            raise NSQError("run() needs a handler; iterate over a handler-less Consumer")
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        try:
+            with self, suppress(KeyboardInterrupt):
+                self._stopped.wait()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+    # -- iterating -------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Message]:
+        if self._handler is not None:
+            raise NSQError("this Consumer has a handler; call run(), or iterate without one")
+        if self._portal is None:
+            raise NSQError("start the Consumer first: 'with Consumer(...) as c: for m in c'")
+        while not self._stopped.is_set():
+            current, self._current = self._current, None
+            if current is not None:
+                self._release(current, _FIN)
+            handed = self._handed.get()
+            if handed is None:
+                return
+            self._current = handed
+            yield handed.message
+
+    def stats(self) -> ConsumerStats:
+        """The async consumer's counters (see :meth:`smartnsq.Consumer.stats`)."""
+        if self._consumer is None:
+            raise NSQError("the Consumer is not started")
+        return self._consumer.stats()
+
+    # -- the loop's side -------------------------------------------------------------------------
+
+    async def _hand_over(self, message: Message) -> None:
+        """The async consumer's handler: wait until the user's thread is done with it."""
+        handed = _Handed(message)
+        self._handed.put(handed)
+        await handed.done.wait()
+        if message.has_responded or handed.outcome == _FIN:
+            return  # FINed by the consumer unless the user answered it already
+        message.requeue(0 if handed.outcome == _BACK else None, backoff=handed.outcome != _BACK)
+
+    def _release(self, handed: _Handed, outcome: str) -> None:
+        handed.outcome = outcome
+        assert self._portal is not None
+        self._portal.call(handed.done.set)
+
+    def _give_back_waiting(self) -> None:
+        while True:
+            try:
+                handed = self._handed.get_nowait()
+            except queue.Empty:
+                return
+            if handed is not None:
+                self._release(handed, _BACK)

@@ -1,0 +1,120 @@
+"""The blocking Consumer against a real classic nsqd."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from smartnsq.errors import InvalidArgument
+from smartnsq.sync import Consumer, Producer
+from tests.helpers import channel_stats, create_channel, unique, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def fill(nsqd_tcp: str, topic: str, count: int) -> None:
+    with Producer([nsqd_tcp]) as producer:
+        producer.publish_many(topic, [b"m%d" % i for i in range(count)])
+
+
+def settled(nsqd_http: str, topic: str, channel: str, depth: int) -> dict:
+    """Nothing in flight and ``depth`` messages waiting (deferred ones included)."""
+    return wait_for(
+        lambda: (
+            (s := channel_stats(nsqd_http, topic, channel))
+            and s["in_flight_count"] == 0
+            and s["depth"] + s["deferred_count"] == depth
+            and s
+        ),
+        what=f"channel settled at depth {depth}",
+    )
+
+
+def test_iterating_finishes_every_message_once(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    topic, channel = unique("sit"), "c"
+    create_channel(nsqd.http, topic, channel)
+    fill(nsqd.tcp, topic, 200)
+    seen = []
+    with Consumer(topic, channel, nsqd_tcp_addresses=[nsqd.tcp], max_in_flight=20) as consumer:
+        for message in consumer:
+            seen.append(message.body)
+            if len(seen) == 200:
+                break
+    stats = consumer.stats()  # after the stop: every answer is written
+    assert sorted(seen) == sorted(b"m%d" % i for i in range(200))
+    assert stats.finished == 200 and stats.requeued == 0
+    s = settled(nsqd.http, topic, channel, 0)
+    assert s["requeue_count"] == 0
+
+
+def test_an_exception_in_the_loop_requeues_and_loses_nothing(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    topic, channel = unique("sraise"), "c"
+    create_channel(nsqd.http, topic, channel)
+    fill(nsqd.tcp, topic, 100)
+    handled = 0
+    with pytest.raises(RuntimeError, match="boom"):  # noqa: SIM117
+        with Consumer(topic, channel, nsqd_tcp_addresses=[nsqd.tcp], max_in_flight=10) as c:
+            for _ in c:
+                handled += 1
+                if handled == 30:
+                    raise RuntimeError("boom")
+    # 29 finished; the 30th went back as a failure (deferred by the requeue policy), and
+    # everything held for this thread at once
+    s = settled(nsqd.http, topic, channel, 71)
+    assert s["deferred_count"] == 1
+
+
+def test_a_thread_that_stops_mid_iteration_loses_nothing(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    topic, channel = unique("sthread"), "c"
+    create_channel(nsqd.http, topic, channel)
+    fill(nsqd.tcp, topic, 100)
+    got: list[bytes] = []
+
+    def work() -> None:
+        with Consumer(topic, channel, nsqd_tcp_addresses=[nsqd.tcp], max_in_flight=25) as c:
+            for message in c:
+                got.append(message.body)
+                if len(got) == 40:
+                    return  # leaves the loop early: this one counts as handled
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive() and len(got) == 40
+    settled(nsqd.http, topic, channel, 60)
+
+
+def test_handler_form_runs_until_stopped(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    topic, channel = unique("shandler"), "c"
+    create_channel(nsqd.http, topic, channel)
+    fill(nsqd.tcp, topic, 50)
+    seen: list[bytes] = []
+    consumer: Consumer
+
+    def handle(message):
+        seen.append(message.body)
+        if len(seen) == 51:  # the 50 and one redelivery
+            consumer.stop()
+        return message.body != b"m7" or message.attempts > 1  # False once: requeue
+
+    consumer = Consumer(
+        topic, channel, handle, nsqd_tcp_addresses=[nsqd.tcp], max_in_flight=5, requeue_delay=0
+    )
+    runner = threading.Thread(target=consumer.run)
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive()
+    assert seen.count(b"m7") == 2 and len(set(seen)) == 50
+    s = settled(nsqd.http, topic, channel, 0)
+    assert s["requeue_count"] == 1
+
+
+def test_bad_arguments_raise_on_start():
+    consumer = Consumer("t", "c", nsqd_tcp_addresses=["127.0.0.1:4150"], max_in_flight=-1)
+    with pytest.raises(InvalidArgument, match="max_in_flight"):
+        consumer.start()
