@@ -27,7 +27,6 @@ from smartnsq.errors import (
     InvalidType,
     LookupFailed,
     NSQError,
-    NSQTimeout,
     ProtocolError,
     ServerError,
     SubExtendForbidden,
@@ -267,6 +266,7 @@ class Consumer:
         self._idle: deque[anyio.Event] = deque()
         # What each worker is handling right now (None when idle): for stop() and auto-touch.
         self._slots: list[Message | None] = []
+        self._lookup_failures = 0
         self._received = self._finished = self._requeued = self._discarded = 0
         self._backoff_level = 0
         self._backoff_blocked = False
@@ -836,10 +836,18 @@ class Consumer:
                     self.last_error = exc
                     level = logging.ERROR if failures == 1 else logging.DEBUG
                     log.log(level, "nsqd %s refuses the subscription: %s", name, _explain(exc))
-                except (ConnectionClosed, ServerError, NSQTimeout, OSError) as exc:
+                except Exception as exc:  # one bad node must not stop the rest
                     failures += 1
                     level = logging.WARNING if failures == 1 else logging.DEBUG
-                    log.log(level, "nsqd %s: %s (attempt %d)", name, exc, failures)
+                    expected = isinstance(exc, NSQError | OSError)
+                    log.log(
+                        level,
+                        "nsqd %s: %s (attempt %d)",
+                        name,
+                        exc if expected else repr(exc),
+                        failures,
+                        exc_info=None if expected else exc,
+                    )
                 if self._stopping or target not in self._wanted:
                     break
                 if self._lookup is not None:
@@ -922,13 +930,24 @@ class Consumer:
                     await self._requery.wait()
 
     async def _query_lookupds(self) -> None:
-        """Ask every lookupd at once; connect to new nsqd, drop those no lookupd lists."""
-        assert self._lookup is not None
+        """Ask every lookupd at once; connect to new nsqd, drop those no lookupd lists.
+
+        Whatever goes wrong, the nsqd we have stay connected and the next poll tries again.
+        """
         try:
-            layout = await self._lookup.lookup(self.topic, "r")
+            await self._apply_lookup()
         except LookupFailed as exc:  # every lookupd down: keep what we have
             log.debug("lookup of %s failed: %s", self.topic, exc)
-            return
+        except Exception as exc:  # a bad answer must not stop consuming
+            self._lookup_failures += 1
+            level = logging.WARNING if self._lookup_failures == 1 else logging.DEBUG
+            log.log(level, "lookup of %s failed: %r", self.topic, exc, exc_info=exc)
+        else:
+            self._lookup_failures = 0
+
+    async def _apply_lookup(self) -> None:
+        assert self._lookup is not None
+        layout = await self._lookup.lookup(self.topic, "r")
         if layout.meta is not None and layout.meta.partition_num:
             if self._ordered_option is None:
                 self._ordered = layout.meta.ordered
