@@ -10,11 +10,13 @@ import math
 import random
 import ssl
 import struct
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from functools import partial
+from types import CoroutineType
 from typing import Any
 
 import anyio
@@ -33,24 +35,30 @@ from smartnsq.errors import (
     SubExtendNeeded,
     SubOrderRequired,
 )
+from smartnsq.inbox import Inbox
 from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
-from smartnsq.message import Message
+from smartnsq.message import Message, check_delay, id_text
 from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import Span
 from smartnsq.protocol.message import CLASSIC, MessageLayout, decode_message
 from smartnsq.protocol.names import validate_channel, validate_topic
 from smartnsq.rdy import distribute
+from smartnsq.sync_pool import FAILED, RETURNED, SyncPool
 from smartnsq.trace import TraceSwitch, emit
 
 log = logging.getLogger("smartnsq.consumer")
 
-Handler = Callable[[Message], Awaitable[None] | None]
+#: What a handler may return: None (or anything but False) FINs the message, False REQs it.
+#: An awaitable (what an ``async def`` handler, or a plain function forwarding to one,
+#: returns) is awaited first and its result counts.
+Handler = Callable[[Message], Awaitable[bool | None] | bool | None]
 Target = tuple[str, int | None]  # (nsqd tcp address, partition or None)
 
 _CLASSIC = CLASSIC
 _unpack_head = struct.Struct(">qH").unpack_from
+_CALL = 2  # inbox item (_CALL, function, args): a Message method called off the loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +145,26 @@ class Consumer:
     ::
 
         async def handle(message: Message) -> None:
-            ...  # return: FIN; raise: REQ with backoff
+            ...  # return: FIN; return False or raise: REQ with backoff
 
         async with Consumer("events", "archive", handle, lookupd_http_addresses=[...]) as c:
             await anyio.sleep_forever()
+
+    The handler's answer, as in pynsq: returning ``None``, ``True`` or anything else but
+    ``False`` FINs the message; returning ``False`` REQs it with the consumer's delay policy
+    (``requeue_delay`` times the attempts, capped by ``max_requeue_delay``) and counts as a
+    failure for backoff, as raising does (the exception is logged with its traceback).
+    Whatever the handler returns that is awaitable is awaited first, so a plain function
+    that forwards to an ``async def`` one behaves like it.
+
+    ``async def`` handlers run on the event loop, ``concurrency`` at a time. Plain ``def``
+    handlers run in a pool of up to ``concurrency`` worker threads (default:
+    ``max_in_flight``, at most 100), so a handler that blocks does not stop the event loop
+    from answering nsqd's heartbeats; :meth:`Message.finish` and friends may be called from
+    those threads.
+
+    One nsqd or nsqlookupd that fails, in whatever way, is logged, retried with backoff and
+    does not stop consumption from the others.
 
     Or pull messages without a handler::
 
@@ -266,6 +290,12 @@ class Consumer:
         self._idle: deque[anyio.Event] = deque()
         # What each worker is handling right now (None when idle): for stop() and auto-touch.
         self._slots: list[Message | None] = []
+        # Plain def handlers run in threads; their outcomes come back through the inbox.
+        self._pool: SyncPool | None = None
+        self._inbox: Inbox | None = None
+        self._loop_thread = 0
+        # Messages whose sync handler returned an awaitable that is being awaited.
+        self._awaiting: set[Message] = set()
         self._lookup_failures = 0
         self._received = self._finished = self._requeued = self._discarded = 0
         self._backoff_level = 0
@@ -326,6 +356,12 @@ class Consumer:
             tg.cancel_scope.cancel()
 
     def _start_tasks(self, tg: anyio.abc.TaskGroup) -> None:
+        self._loop_thread = threading.get_ident()
+        self._inbox = Inbox(self._on_inbox)
+        tg.start_soon(self._inbox.run)
+        if self._handler is not None and not self._async_handler:
+            self._pool = SyncPool(self._handler, self._concurrency, self._inbox)
+            tg.start_soon(self._watch_pool, self._pool)
         for address in self._direct:
             self._want((address, None))
         if self._lookup is not None:
@@ -343,7 +379,8 @@ class Consumer:
         message pulled with ``async for`` counts as handled and is finished), lets
         running handlers finish for up to ``timeout`` seconds (their messages are then FINed or
         REQed as usual; handlers still running after that are cancelled and their messages
-        requeued), then closes the connections.
+        requeued; a plain ``def`` handler's thread cannot be cancelled, so its message is
+        requeued and what the handler returns later is ignored), then closes the connections.
         """
         await self._stop(timeout, pulled_done=True)
 
@@ -359,6 +396,11 @@ class Consumer:
                 reader.conn.queue(commands.CLS)
         while self._queue:  # never started: give them back right away
             self._requeue(self._queue.popleft(), 0, False)
+        pool = self._pool
+        if pool is not None:
+            for msg in pool.take_unstarted():
+                self._requeue(msg, 0, False)
+            pool.close()  # running handlers finish; nothing new starts
         pulled = self._pulled
         if pulled is not None and pulled._auto and not pulled._responded:
             if pulled_done:
@@ -366,10 +408,13 @@ class Consumer:
             else:
                 self._requeue(pulled, 0, False)
         with anyio.move_on_after(timeout):
-            while self._running():
+            while self._running() or self._threads_busy():
                 await anyio.sleep(0.01)
         if self._workers is not None:
             self._workers.cancel()
+        if self._inbox is not None:
+            self._inbox.drain()  # outcomes already back: answered as the handler said
+        # Threads cannot be cancelled: their late outcomes find the message answered.
         for msg in self._running():
             if not msg._responded:
                 self._requeue(msg, 0, False)
@@ -450,11 +495,11 @@ class Consumer:
         if reader.layout is _CLASSIC and not (
             self._stopping or self.auto_touch or self.trace.active
         ):
-            # Hot path: classic frames straight to the handler (sync) or the workers' queue.
-            handler = self._handler
-            inline = handler is not None and not self._async_handler
-            append = self._queue.append
-            write = reader.write
+            # Hot path: classic frames straight to the handler threads (sync handler, one
+            # hand-off per read) or the workers' queue.
+            pool = self._pool
+            batch: list[Message] = []
+            append = self._queue.append if pool is None else batch.append
             max_attempts = self.max_attempts
             for _, start, end in spans:
                 if end - start < 26:
@@ -467,32 +512,24 @@ class Consumer:
                 msg._auto = True
                 if max_attempts and attempts > max_attempts:
                     self._give_up(msg)
-                elif not inline:
-                    append(msg)
                 else:
-                    try:
-                        handler(msg)  # type: ignore[misc]
-                    except Exception as exc:
-                        self._handler_failed(msg, exc)
-                    else:
-                        if msg._auto and not msg._responded:
-                            # _finish inlined: this runs once per message
-                            msg._responded = True
-                            reader.in_flight -= 1
-                            try:
-                                write(b"FIN %s\n" % mid)
-                            except ConnectionClosed:
-                                self._answer_lost(msg, "finish")
-                            self._finished += 1
-                            if self._backoff_level:
-                                self._backoff_result(success=True)
-            if self._idle and self._queue:
+                    append(msg)
+            if batch:
+                pool.submit(batch)  # type: ignore[union-attr]
+            elif self._idle and self._queue:
                 self._idle.popleft().set()
             return
+        batch = []
         for _, start, end in spans:
-            self._on_message(reader, decode_message(src[start:end], reader.layout, Message))
+            msg = decode_message(src[start:end], reader.layout, Message)
+            if self._on_message(reader, msg):
+                batch.append(msg)
+        if batch:
+            assert self._pool is not None
+            self._pool.submit(batch)
 
-    def _on_message(self, reader: _Reader, msg: Message) -> None:
+    def _on_message(self, reader: _Reader, msg: Message) -> bool:
+        """Account for one decoded message; True when it is for the handler threads."""
         msg._reader = reader
         msg._responded = False
         msg._auto = True
@@ -504,23 +541,16 @@ class Consumer:
             self._trace(reader, msg)
         if self._stopping:
             self._requeue(msg, 0, False)
-            return
+            return False
         if self.max_attempts and msg.attempts > self.max_attempts and not reader.ordered:
             self._give_up(msg)
-            return
-        handler = self._handler
-        if handler is None or self._async_handler:
-            self._queue.append(msg)
-            if self._idle:
-                self._idle.popleft().set()
-            return
-        try:
-            handler(msg)
-        except Exception as exc:
-            self._handler_failed(msg, exc)
-        else:
-            if msg._auto and not msg._responded:
-                self._finish(msg)
+            return False
+        if self._pool is not None:
+            return True
+        self._queue.append(msg)
+        if self._idle:
+            self._idle.popleft().set()
+        return False
 
     def _check_order(self, reader: _Reader, msg: Message) -> None:
         partition = msg.partition if reader.partition is None else reader.partition
@@ -552,7 +582,7 @@ class Consumer:
                     "ordered partition %s of %s is blocked: message %s is on attempt %d",
                     partition,
                     self.topic,
-                    msg.id.hex(),
+                    id_text(msg),
                     attempts,
                 )
             if self._on_blocked is not None:
@@ -584,7 +614,92 @@ class Consumer:
         )
 
     def _running(self) -> list[Message]:
-        return [m for m in self._slots if m is not None]
+        running = [m for m in self._slots if m is not None]
+        if self._pool is not None:
+            running += [m for m in self._pool.running() if not m._responded]
+        if self._awaiting:
+            running += self._awaiting
+        return running
+
+    def _threads_busy(self) -> bool:
+        """Some handler thread is running, or its outcome has not been dealt with yet."""
+        busy = self._pool is not None and self._pool.active > 0
+        return busy or (self._inbox is not None and len(self._inbox) > 0)
+
+    # -- handler threads -------------------------------------------------------------------------
+
+    async def _watch_pool(self, pool: SyncPool) -> None:
+        """Add threads when handlers are stuck; collect outcomes threads have not sent."""
+        inbox = self._inbox
+        assert inbox is not None
+        while not pool.closed:
+            await anyio.sleep(0.01 if pool.backlog else 0.05)
+            pool.check()
+            inbox.drain()
+
+    def _on_inbox(self, items: deque[Any]) -> None:
+        """On the loop: what handler threads sent back since the last call, in order."""
+        popleft = items.popleft
+        while items:
+            item = popleft()
+            if type(item) is Message:  # the handler returned None: FIN
+                if item._auto and not item._responded:
+                    # _finish inlined: this runs once per message
+                    item._responded = True
+                    reader = item._reader
+                    reader.in_flight -= 1
+                    try:
+                        reader.write(b"FIN %s\n" % item.id)
+                    except ConnectionClosed:
+                        self._answer_lost(item, "finish")
+                    else:
+                        self._finished += 1
+                    if self._backoff_level:
+                        self._backoff_result(success=True)
+                continue
+            kind, target, value = item
+            if kind == RETURNED:
+                self._handler_returned(target, value)
+            elif kind == FAILED:
+                self._handler_failed(target, value)
+            else:  # _CALL: finish(), requeue() or touch() from a thread
+                try:
+                    target(*value)
+                except NSQError as exc:  # say, answered twice; the thread cannot be told
+                    log.warning("%s", exc)
+
+    def _from_anywhere(self, fn: Callable[..., None], *args: Any) -> None:
+        """Call ``fn`` now on the loop's thread, or carry it over there from another one."""
+        if threading.get_ident() == self._loop_thread:
+            fn(*args)
+            return
+        inbox = self._inbox
+        if inbox is None:
+            raise NSQError("the consumer is not running")
+        inbox.put((_CALL, fn, args))
+
+    def _handler_returned(self, msg: Message, value: Any) -> None:
+        if inspect.isawaitable(value):
+            if self._tg is None:
+                return
+            self._awaiting.add(msg)
+            self._tg.start_soon(self._settle, msg, value)
+        elif msg._auto and not msg._responded:
+            if value is False:
+                self._requeue(msg, None, True)
+            else:
+                self._finish(msg)
+
+    async def _settle(self, msg: Message, awaitable: Awaitable[Any]) -> None:
+        """Await what a plain function handler returned, then answer as for its result."""
+        try:
+            value = await awaitable
+        except Exception as exc:
+            self._handler_failed(msg, exc)
+        else:
+            self._handler_returned(msg, value)
+        finally:
+            self._awaiting.discard(msg)
 
     async def _run_workers(self) -> None:
         self._slots = [None] * self._concurrency
@@ -615,18 +730,26 @@ class Consumer:
             slots[slot] = msg
             try:
                 coro = handler(msg)
-                try:
-                    step = coro.send(None)  # type: ignore[union-attr]
-                except StopIteration:
-                    pass
+                if type(coro) is CoroutineType:
+                    try:
+                        step = coro.send(None)
+                    except StopIteration as stop:
+                        value = stop.value
+                    else:
+                        if queue and idle:
+                            idle.popleft().set()
+                        value = await _Resume(coro, step)
                 else:
-                    if queue and idle:
-                        idle.popleft().set()
-                    await _Resume(coro, step)  # type: ignore[arg-type]
+                    value = coro
+                while value is not None and inspect.isawaitable(value):
+                    value = await value  # returned, rather than awaited, by the handler
             except Exception as exc:
                 self._handler_failed(msg, exc)
             else:
-                if msg._auto and not msg._responded:
+                if value is False:
+                    if msg._auto and not msg._responded:
+                        self._requeue(msg, None, True)
+                elif msg._auto and not msg._responded:
                     # _finish inlined: this runs once per message
                     msg._responded = True
                     reader = msg._reader
@@ -635,14 +758,19 @@ class Consumer:
                         reader.write(b"FIN %s\n" % msg.id)
                     except ConnectionClosed:
                         self._answer_lost(msg, "finish")
-                    self._finished += 1
+                    else:
+                        self._finished += 1
                     if self._backoff_level:
                         self._backoff_result(success=True)
             slots[slot] = None
 
-    def _handler_failed(self, msg: Message, exc: Exception) -> None:
+    def _handler_failed(self, msg: Message, exc: BaseException) -> None:
         log.warning(
-            "handler failed for message %s (attempt %d): %r", msg.id.hex(), msg.attempts, exc
+            "handler failed for message %s (attempt %d): %r",
+            id_text(msg),
+            msg.attempts,
+            exc,
+            exc_info=exc,
         )
         if msg._auto and not msg._responded:
             self._requeue(msg, None, True)
@@ -654,7 +782,7 @@ class Consumer:
             if callback is None:
                 log.warning(
                     "giving up on message %s after %d attempts (max_attempts=%d); finishing it",
-                    msg.id.hex(),
+                    id_text(msg),
                     msg.attempts,
                     self.max_attempts,
                 )
@@ -663,13 +791,14 @@ class Consumer:
                 if inspect.isawaitable(result) and self._tg is not None:
                     self._tg.start_soon(_await, result)
         except Exception:
-            log.exception("on_giving_up callback failed for message %s", msg.id.hex())
+            log.exception("on_giving_up callback failed for message %s", id_text(msg))
         if not msg._responded:
             self._finish(msg, count=False)
 
-    def _respond(self, msg: Message, command: bytes) -> None:
+    def _respond(self, msg: Message, command: bytes) -> bool:
+        """Send an answer; False when its connection is gone (nsqd will redeliver)."""
         if msg._responded:
-            raise NSQError(f"message {msg.id.hex()} was already answered")
+            raise NSQError(f"message {id_text(msg)} was already answered")
         msg._responded = True
         reader = msg._reader
         reader.in_flight -= 1
@@ -677,20 +806,22 @@ class Consumer:
             reader.write(command)
         except ConnectionClosed:
             self._answer_lost(msg, "answer")
+            return False
+        return True
 
     @staticmethod
     def _answer_lost(msg: Message, what: str) -> None:
         log.info(
             "could not %s message %s: connection to %s is gone; nsqd will redeliver it",
             what,
-            msg.id.hex(),
+            id_text(msg),
             msg._reader.address,
         )
 
     def _finish(self, msg: Message, count: bool = True) -> None:
         # _respond inlined: this runs once per message.
         if msg._responded:
-            raise NSQError(f"message {msg.id.hex()} was already answered")
+            raise NSQError(f"message {id_text(msg)} was already answered")
         msg._responded = True
         reader = msg._reader
         reader.in_flight -= 1
@@ -698,8 +829,9 @@ class Consumer:
             reader.write(b"FIN %s\n" % msg.id)
         except ConnectionClosed:
             self._answer_lost(msg, "finish")
-        if count:
-            self._finished += 1
+        else:
+            if count:
+                self._finished += 1
         if self._backoff_level and count:
             self._backoff_result(success=True)
 
@@ -708,16 +840,16 @@ class Consumer:
             delay = 0  # an ordered channel ignores REQ delays: the message must come back now
         elif delay is None:
             delay = min(self.requeue_delay * msg.attempts, self.max_requeue_delay)
-        elif not isinstance(delay, int | float) or not 0 <= delay < math.inf:
-            raise InvalidArgument(f"requeue delay must be a number of seconds >= 0, not {delay!r}")
-        self._respond(msg, commands.req(msg.id, int(delay * 1000)))
-        self._requeued += 1
+        else:
+            check_delay(delay)
+        if self._respond(msg, commands.req(msg.id, int(delay * 1000))):
+            self._requeued += 1
         if backoff and self._backoff_enabled and not self._stopping:
             self._backoff_result(success=False)
 
     def _touch(self, msg: Message) -> None:
         if msg._responded:
-            raise NSQError(f"message {msg.id.hex()} was already answered")
+            raise NSQError(f"message {id_text(msg)} was already answered")
         msg._touched = time.monotonic()
         with contextlib.suppress(ConnectionClosed):
             msg._reader.conn.queue(commands.touch(msg.id))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
+from smartnsq.errors import InvalidArgument
 from smartnsq.protocol.message import RawMessage
 
 if TYPE_CHECKING:
@@ -13,9 +15,11 @@ if TYPE_CHECKING:
 class Message(RawMessage):
     """A delivered message.
 
-    The consumer answers it for you: FIN when the handler returns, REQ when it raises. Take
-    over with :meth:`finish`, :meth:`requeue` and :meth:`touch` (they queue the command and
-    return at once), or with :meth:`disable_auto_response` to answer later, from anywhere.
+    The consumer answers it for you: FIN when the handler returns, REQ when it returns
+    ``False`` or raises. Take over with :meth:`finish`, :meth:`requeue` and :meth:`touch`
+    (they queue the command and return at once), or with :meth:`disable_auto_response` to
+    answer later, from anywhere: called from another thread (a plain ``def`` handler runs in
+    a worker thread), they are carried over to the event loop, in order.
 
     On the Youzan fork, :attr:`partition`, :attr:`internal_id`, :attr:`trace_id`, and (for
     ordered subscriptions) :attr:`offset` and :attr:`raw_size` describe where it came from.
@@ -48,7 +52,8 @@ class Message(RawMessage):
 
     def finish(self) -> None:
         """Tell nsqd the message is done (FIN)."""
-        self._reader.consumer._finish(self)
+        consumer = self._reader.consumer
+        consumer._from_anywhere(consumer._finish, self)
 
     def requeue(self, delay: float | None = None, *, backoff: bool = True) -> None:
         """Give the message back for redelivery after ``delay`` seconds (REQ).
@@ -56,12 +61,37 @@ class Message(RawMessage):
         ``delay=None`` uses the consumer's policy (a multiple of the attempts, capped).
         ``backoff=False`` does not count this as a failure for the consumer's backoff.
         """
-        self._reader.consumer._requeue(self, delay, backoff)
+        check_delay(delay)
+        consumer = self._reader.consumer
+        consumer._from_anywhere(consumer._requeue, self, delay, backoff)
 
     def touch(self) -> None:
         """Reset the server's timeout for this message (TOUCH)."""
-        self._reader.consumer._touch(self)
+        consumer = self._reader.consumer
+        consumer._from_anywhere(consumer._touch, self)
 
     def disable_auto_response(self) -> None:
         """Stop the consumer from answering the message when the handler returns or raises."""
         self._auto = False
+
+
+def check_delay(delay: float | None) -> None:
+    """Refuse a requeue delay that is not None or a number of seconds >= 0."""
+    if delay is not None and (not isinstance(delay, int | float) or not 0 <= delay < math.inf):
+        raise InvalidArgument(f"requeue delay must be a number of seconds >= 0, not {delay!r}")
+
+
+def id_text(msg: Message) -> str:
+    """The message id as nsqd shows it, for log lines.
+
+    Classic nsqd ids are 16 ASCII hex characters: shown as that text. Youzan ids are an
+    8-byte internal id and an 8-byte trace id, which its nsqd logs and HTTP API show as
+    decimal numbers: the internal id, with the trace id when there is one.
+    """
+    mid = msg.id
+    if msg._reader.layout.binary_id:
+        trace = msg.trace_id
+        return f"{msg.internal_id} (trace id {trace})" if trace else str(msg.internal_id)
+    if mid.isascii() and mid.isalnum():
+        return mid.decode()
+    return mid.hex()

@@ -1,0 +1,90 @@
+"""Hand items from other threads to the event loop, many per wake-up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from smartnsq.transport import running_on_asyncio
+
+log = logging.getLogger("smartnsq.consumer")
+
+
+def loop_caller() -> Callable[[Callable[[], object]], object]:
+    """The running loop's cheapest thread-safe "call this soon on the loop"."""
+    if running_on_asyncio():
+        return asyncio.get_running_loop().call_soon_threadsafe
+    import trio
+
+    return trio.lowlevel.current_trio_token().run_sync_soon
+
+
+class Inbox:
+    """Items put from any thread reach ``handle`` on the loop in batches.
+
+    :meth:`run` (a task) does the handling, so ``handle`` may start tasks and use anything
+    else that needs one. At most one wake-up of that task is pending at a time: items put
+    while one is pending ride along with it, so a busy producer costs one loop call per
+    batch, not per item. Create it on the loop's thread.
+    """
+
+    __slots__ = ("_call", "_event", "_handle", "_items", "closed", "scheduled")
+
+    def __init__(self, handle: Callable[[deque[Any]], None]) -> None:
+        self._call = loop_caller()
+        self._handle = handle
+        self._items: deque[Any] = deque()
+        self._event = anyio.Event()
+        self.scheduled = False
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, item: Any) -> None:
+        """Queue ``item`` for the loop (any thread)."""
+        self._items.append(item)
+        # Checked after the append: a drain that already reset the flag will see the item
+        # or a new drain is scheduled; a drain still pending will see it.
+        if not self.scheduled:
+            self.wake()
+
+    @property
+    def append(self) -> Callable[[Any], None]:
+        """For a thread's hot loop: append, then :meth:`wake` unless ``scheduled`` is set."""
+        return self._items.append
+
+    def wake(self) -> None:
+        """Make sure a drain is on its way (any thread)."""
+        if self.closed:
+            return
+        self.scheduled = True
+        try:
+            self._call(self._set)
+        except Exception:  # the loop is gone: nothing is left to answer on it
+            self.closed = True
+
+    def _set(self) -> None:
+        self._event.set()
+
+    async def run(self) -> None:
+        """Handle what arrives, until cancelled."""
+        while True:
+            await self._event.wait()
+            self._event = anyio.Event()
+            self.scheduled = False
+            self.drain()
+
+    def drain(self) -> None:
+        """Handle what is queued now (on the loop)."""
+        items = self._items
+        while items:
+            try:
+                self._handle(items)  # pops what it handles
+            except Exception:
+                log.exception("handling results from handler threads failed")
