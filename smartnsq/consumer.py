@@ -45,7 +45,7 @@ from smartnsq.protocol.frames import Span
 from smartnsq.protocol.message import CLASSIC, MessageLayout, decode_message
 from smartnsq.protocol.names import validate_channel, validate_topic
 from smartnsq.rdy import distribute
-from smartnsq.sync_pool import FAILED, RETURNED, SyncPool
+from smartnsq.sync_pool import FAILED, GIVE_UP, RETURNED, SyncPool, build_message
 from smartnsq.trace import TraceSwitch, emit
 
 log = logging.getLogger("smartnsq.consumer")
@@ -296,6 +296,7 @@ class Consumer:
         self._loop_thread = 0
         # Messages whose sync handler returned an awaitable that is being awaited.
         self._awaiting: set[Message] = set()
+        self._fin_readers: dict[int, _Reader] = {}  # thread index -> reader its FINs are for
         self._lookup_failures = 0
         self._received = self._finished = self._requeued = self._discarded = 0
         self._backoff_level = 0
@@ -360,7 +361,7 @@ class Consumer:
         self._inbox = Inbox(self._on_inbox)
         tg.start_soon(self._inbox.run)
         if self._handler is not None and not self._async_handler:
-            self._pool = SyncPool(self._handler, self._concurrency, self._inbox)
+            self._pool = SyncPool(self._handler, self._concurrency, self._inbox, self.max_attempts)
             tg.start_soon(self._watch_pool, self._pool)
         for address in self._direct:
             self._want((address, None))
@@ -398,7 +399,8 @@ class Consumer:
             self._requeue(self._queue.popleft(), 0, False)
         pool = self._pool
         if pool is not None:
-            for msg in pool.take_unstarted():
+            for (reader, src, _), item in pool.take_unstarted():
+                msg = item if src is None else build_message(reader, src, item)
                 self._requeue(msg, 0, False)
             pool.close()  # running handlers finish; nothing new starts
         pulled = self._pulled
@@ -414,8 +416,12 @@ class Consumer:
             self._workers.cancel()
         if self._inbox is not None:
             self._inbox.drain()  # outcomes already back: answered as the handler said
-        # Threads cannot be cancelled: their late outcomes find the message answered.
-        for msg in self._running():
+        # Threads cannot be cancelled: take their messages over (a thread answers only
+        # what it still owns) and requeue them.
+        running = self._running(threads=False)
+        if pool is not None:
+            running += pool.steal_running()
+        for msg in running:
             if not msg._responded:
                 self._requeue(msg, 0, False)
         self._slots = [None] * len(self._slots)
@@ -495,11 +501,17 @@ class Consumer:
         if reader.layout is _CLASSIC and not (
             self._stopping or self.auto_touch or self.trace.active
         ):
-            # Hot path: classic frames straight to the handler threads (sync handler, one
-            # hand-off per read) or the workers' queue.
             pool = self._pool
-            batch: list[Message] = []
-            append = self._queue.append if pool is None else batch.append
+            if pool is not None:
+                # Sync handler: the whole read to the handler threads, which build the
+                # messages themselves.
+                for _, start, end in spans:
+                    if end - start < 26:
+                        raise ProtocolError(f"message frame too short ({end - start} bytes)")
+                pool.submit(reader, src, spans)
+                return
+            # Hot path: classic frames straight to the workers' queue.
+            append = self._queue.append
             max_attempts = self.max_attempts
             for _, start, end in spans:
                 if end - start < 26:
@@ -514,9 +526,7 @@ class Consumer:
                     self._give_up(msg)
                 else:
                     append(msg)
-            if batch:
-                pool.submit(batch)  # type: ignore[union-attr]
-            elif self._idle and self._queue:
+            if self._idle and self._queue:
                 self._idle.popleft().set()
             return
         batch = []
@@ -526,7 +536,7 @@ class Consumer:
                 batch.append(msg)
         if batch:
             assert self._pool is not None
-            self._pool.submit(batch)
+            self._pool.submit(reader, None, batch)
 
     def _on_message(self, reader: _Reader, msg: Message) -> bool:
         """Account for one decoded message; True when it is for the handler threads."""
@@ -613,18 +623,20 @@ class Consumer:
             nsqd=reader.address,
         )
 
-    def _running(self) -> list[Message]:
+    def _running(self, threads: bool = True) -> list[Message]:
         running = [m for m in self._slots if m is not None]
-        if self._pool is not None:
-            running += [m for m in self._pool.running() if not m._responded]
+        if threads and self._pool is not None:
+            running += self._pool.running()
         if self._awaiting:
             running += self._awaiting
         return running
 
     def _threads_busy(self) -> bool:
         """Some handler thread is running, or its outcome has not been dealt with yet."""
-        busy = self._pool is not None and self._pool.active > 0
-        return busy or (self._inbox is not None and len(self._inbox) > 0)
+        pool = self._pool
+        if pool is not None and (pool.active or any(pool.fins)):
+            return True
+        return self._inbox is not None and len(self._inbox) > 0
 
     # -- handler threads -------------------------------------------------------------------------
 
@@ -638,35 +650,71 @@ class Consumer:
             inbox.drain()
 
     def _on_inbox(self, items: deque[Any]) -> None:
-        """On the loop: what handler threads sent back since the last call, in order."""
+        """On the loop: what handler threads sent back since the last call, in order
+        (calls from a thread before the FINs they may precede)."""
         popleft = items.popleft
         while items:
-            item = popleft()
-            if type(item) is Message:  # the handler returned None: FIN
-                if item._auto and not item._responded:
-                    # _finish inlined: this runs once per message
-                    item._responded = True
-                    reader = item._reader
-                    reader.in_flight -= 1
-                    try:
-                        reader.write(b"FIN %s\n" % item.id)
-                    except ConnectionClosed:
-                        self._answer_lost(item, "finish")
-                    else:
-                        self._finished += 1
-                    if self._backoff_level:
-                        self._backoff_result(success=True)
-                continue
-            kind, target, value = item
+            kind, target, value = popleft()
             if kind == RETURNED:
                 self._handler_returned(target, value)
             elif kind == FAILED:
                 self._handler_failed(target, value)
+            elif kind == GIVE_UP:
+                self._give_up(target)
             else:  # _CALL: finish(), requeue() or touch() from a thread
                 try:
                     target(*value)
                 except NSQError as exc:  # say, answered twice; the thread cannot be told
                     log.warning("%s", exc)
+        pool = self._pool
+        if pool is not None:
+            for index, fins in enumerate(pool.fins):
+                if fins:
+                    self._send_fins(index, fins)
+
+    def _send_fins(self, index: int, fins: deque[Any]) -> None:
+        """One FIN command per run of ids a thread queued for one connection."""
+        reader = self._fin_readers.get(index)
+        ids: list[bytes] = []
+        popleft = fins.popleft
+        while True:
+            try:
+                item = popleft()
+            except IndexError:
+                break
+            if type(item) is bytes:
+                ids.append(item)
+                continue
+            if ids and reader is not None:
+                self._write_fins(reader, ids)
+                ids = []
+            reader = self._fin_readers[index] = item
+        if ids and reader is not None:
+            self._write_fins(reader, ids)
+
+    def _write_fins(self, reader: _Reader, ids: list[bytes]) -> None:
+        n = len(ids)
+        reader.in_flight -= n
+        try:
+            reader.write(b"FIN " + b"\nFIN ".join(ids) + b"\n")
+        except ConnectionClosed:
+            log.info(
+                "could not finish %d messages: connection to %s is gone; nsqd will redeliver",
+                n,
+                reader.address,
+            )
+        else:
+            self._finished += n
+        if self._backoff_level:
+            for _ in range(n):
+                self._backoff_result(success=True)
+
+    def _on_loop(self) -> bool:
+        return threading.get_ident() == self._loop_thread
+
+    def _touch_unless_answered(self, msg: Message) -> None:
+        if not msg._responded:
+            self._touch(msg)
 
     def _from_anywhere(self, fn: Callable[..., None], *args: Any) -> None:
         """Call ``fn`` now on the loop's thread, or carry it over there from another one."""
@@ -934,7 +982,8 @@ class Consumer:
                 if msg._responded or now - msg._received >= features.max_msg_timeout:
                     continue
                 if now - msg._touched >= features.msg_timeout / 2:
-                    self._touch(msg)
+                    with contextlib.suppress(NSQError):  # a handler thread just answered it
+                        self._touch(msg)
 
     # -- connections -----------------------------------------------------------------------------
 

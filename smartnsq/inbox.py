@@ -25,7 +25,8 @@ def loop_caller() -> Callable[[Callable[[], object]], object]:
 
 
 class Inbox:
-    """Items put from any thread reach ``handle`` on the loop in batches.
+    """Items put from any thread reach ``handle`` on the loop in batches; ``handle`` is
+    also called on a bare :meth:`wake`, for what threads keep elsewhere.
 
     :meth:`run` (a task) does the handling, so ``handle`` may start tasks and use anything
     else that needs one. At most one wake-up of that task is pending at a time: items put
@@ -81,10 +82,12 @@ class Inbox:
             self.drain()
 
     def drain(self) -> None:
-        """Handle what is queued now (on the loop)."""
+        """Call ``handle`` with what is queued now, even if nothing (on the loop)."""
         items = self._items
-        while items:
+        while True:
             try:
                 self._handle(items)  # pops what it handles
             except Exception:
                 log.exception("handling results from handler threads failed")
+            if not items:
+                return

@@ -53,6 +53,8 @@ class Message(RawMessage):
     def finish(self) -> None:
         """Tell nsqd the message is done (FIN)."""
         consumer = self._reader.consumer
+        if not consumer._on_loop():
+            self._auto = False  # answered by hand: the thread must not FIN it as well
         consumer._from_anywhere(consumer._finish, self)
 
     def requeue(self, delay: float | None = None, *, backoff: bool = True) -> None:
@@ -63,12 +65,17 @@ class Message(RawMessage):
         """
         check_delay(delay)
         consumer = self._reader.consumer
+        if not consumer._on_loop():
+            self._auto = False
         consumer._from_anywhere(consumer._requeue, self, delay, backoff)
 
     def touch(self) -> None:
         """Reset the server's timeout for this message (TOUCH)."""
         consumer = self._reader.consumer
-        consumer._from_anywhere(consumer._touch, self)
+        if consumer._on_loop():
+            consumer._touch(self)
+        else:  # the FIN may overtake it: then it has nothing left to do
+            consumer._from_anywhere(consumer._touch_unless_answered, self)
 
     def disable_auto_response(self) -> None:
         """Stop the consumer from answering the message when the handler returns or raises."""
