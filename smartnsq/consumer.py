@@ -358,7 +358,7 @@ class Consumer:
 
     def _start_tasks(self, tg: anyio.abc.TaskGroup) -> None:
         self._loop_thread = threading.get_ident()
-        self._inbox = Inbox(self._on_inbox)
+        self._inbox = Inbox(self._on_inbox, partial(self._send_all_fins, in_task=False))
         tg.start_soon(self._inbox.run)
         if self._handler is not None and not self._async_handler:
             self._pool = SyncPool(self._handler, self._concurrency, self._inbox, self.max_attempts)
@@ -666,11 +666,19 @@ class Consumer:
                     target(*value)
                 except NSQError as exc:  # say, answered twice; the thread cannot be told
                     log.warning("%s", exc)
+        self._send_all_fins(in_task=True)
+
+    def _send_all_fins(self, in_task: bool) -> bool:
+        """Write the FINs handler threads queued; False when that needs a task (the backoff
+        bookkeeping may start one)."""
+        if self._backoff_level and not in_task:
+            return False
         pool = self._pool
         if pool is not None:
             for index, fins in enumerate(pool.fins):
                 if fins:
                     self._send_fins(index, fins)
+        return True
 
     def _send_fins(self, index: int, fins: deque[Any]) -> None:
         """One FIN command per run of ids a thread queued for one connection."""

@@ -34,11 +34,18 @@ class Inbox:
     batch, not per item. Create it on the loop's thread.
     """
 
-    __slots__ = ("_call", "_event", "_handle", "_items", "closed", "scheduled")
+    __slots__ = ("_call", "_event", "_handle", "_items", "_quick", "closed", "scheduled")
 
-    def __init__(self, handle: Callable[[deque[Any]], None]) -> None:
+    def __init__(
+        self,
+        handle: Callable[[deque[Any]], None],
+        quick: Callable[[], bool] | None = None,
+    ) -> None:
         self._call = loop_caller()
         self._handle = handle
+        # Called straight from the wake-up when no item is queued, outside any task (no
+        # task switch before it runs); returns False when the task must run after all.
+        self._quick = quick
         self._items: deque[Any] = deque()
         self._event = anyio.Event()
         self.scheduled = False
@@ -71,6 +78,14 @@ class Inbox:
             self.closed = True
 
     def _set(self) -> None:
+        quick = self._quick
+        if quick is not None and not self._items:
+            self.scheduled = False
+            try:
+                if quick() and not self._items:
+                    return
+            except Exception:
+                log.exception("handling results from handler threads failed")
         self._event.set()
 
     async def run(self) -> None:

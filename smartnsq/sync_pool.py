@@ -15,6 +15,7 @@ import struct
 import threading
 from collections import deque
 from collections.abc import Callable
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from smartnsq.inbox import Inbox
@@ -31,14 +32,19 @@ GIVE_UP = 3  # past max_attempts: the handler was not called
 BATCH = 256  # outcomes after which a busy thread wakes the loop even with work queued
 
 _unpack_head = struct.Struct(">qH").unpack_from
+_unpack_size = struct.Struct(">i").unpack_from
 
-# A job: (reader, read buffer or None, spans or messages); threads pop from the deque.
+# A job: (reader, read buffer, where each message frame's data starts in it) or (reader,
+# None, messages); threads pop from the deque. Plain ints, unlike span tuples, are no work
+# for the garbage collector while they wait.
 Job = tuple["_Reader", bytes | None, deque[Any]]
+_start = itemgetter(1)
 
 
-def build_message(reader: _Reader, src: bytes, span: tuple[int, int, int]) -> Message:
-    """The message of a classic frame span (the threads' hot loop has this inlined)."""
-    _, start, end = span
+def build_message(reader: _Reader, src: bytes, start: int) -> Message:
+    """The message whose frame data starts at ``start`` in ``src`` (the threads' hot loop
+    has this inlined)."""
+    end = start - 4 + _unpack_size(src, start - 8)[0]  # the frame's size field counts its type
     timestamp, attempts = _unpack_head(src, start)
     msg = Message(timestamp, attempts, src[start + 10 : start + 26], src[start + 26 : end])
     msg._reader = reader
@@ -82,8 +88,9 @@ class SyncPool:
         return sum(len(job[2]) for job in self._all_jobs())
 
     def submit(self, reader: _Reader, src: bytes | None, items: list[Any]) -> None:
-        """Queue one read's spans (with ``src``) or messages (``src=None``) (on the loop)."""
-        self._queue.append((reader, src, deque(items)))
+        """Queue one read's frame spans (with ``src``) or messages (``src=None``) (on the
+        loop)."""
+        self._queue.append((reader, src, deque(items if src is None else map(_start, items))))
         with self._cond:
             # A thread running or on its way gets to them (check() adds one if it is stuck).
             if not self.active and not self._waking:
@@ -210,8 +217,9 @@ class SyncPool:
                     x = popleft()
                 except IndexError:
                     break
-                if src is not None:  # a frame span: build the message now
-                    _, start, end = x
+                if src is not None:  # where a frame's data starts: build the message now
+                    start = x
+                    end = start - 4 + _unpack_size(src, start - 8)[0]
                     timestamp, attempts = _unpack_head(src, start)
                     msg = Message(
                         timestamp, attempts, src[start + 10 : start + 26], src[start + 26 : end]
