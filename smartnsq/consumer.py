@@ -10,11 +10,13 @@ import math
 import random
 import ssl
 import struct
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from functools import partial
+from types import CoroutineType
 from typing import Any
 
 import anyio
@@ -27,6 +29,7 @@ from smartnsq._checks import (
     check_bool,
     check_callable,
     check_number,
+    check_requeue_delay,
     get_ident,
     owner,
     wrong_owner,
@@ -38,31 +41,36 @@ from smartnsq.errors import (
     InvalidType,
     LookupFailed,
     NSQError,
-    NSQTimeout,
     ProtocolError,
     ServerError,
     SubExtendForbidden,
     SubExtendNeeded,
     SubOrderRequired,
 )
+from smartnsq.inbox import Inbox
 from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
-from smartnsq.message import Message
+from smartnsq.message import Message, id_text
 from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import Span
 from smartnsq.protocol.message import CLASSIC, MessageLayout, decode_message
 from smartnsq.protocol.names import validate_channel, validate_topic
 from smartnsq.rdy import distribute
+from smartnsq.sync_pool import FAILED, GIVE_UP, RETURNED, SyncPool, build_message
 from smartnsq.trace import TraceSwitch, emit
 
 log = logging.getLogger("smartnsq.consumer")
 
-Handler = Callable[[Message], Awaitable[None] | None]
+#: What a handler may return: None (or anything but False) FINs the message, False REQs it.
+#: An awaitable (what an ``async def`` handler, or a plain function forwarding to one,
+#: returns) is awaited first and its result counts.
+Handler = Callable[[Message], Awaitable[bool | None] | bool | None]
 Target = tuple[str, int | None]  # (nsqd tcp address, partition or None)
 
 _CLASSIC = CLASSIC
 _unpack_head = struct.Struct(">qH").unpack_from
+_CALL = 2  # inbox item (_CALL, function, args): a Message method called off the loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +157,26 @@ class Consumer:
     ::
 
         async def handle(message: Message) -> None:
-            ...  # return: FIN; raise: REQ with backoff
+            ...  # return: FIN; return False or raise: REQ with backoff
 
         async with Consumer("events", "archive", handle, lookupd_http_addresses=[...]) as c:
             await anyio.sleep_forever()
+
+    The handler's answer, as in pynsq: returning ``None``, ``True`` or anything else but
+    ``False`` FINs the message; returning ``False`` REQs it with the consumer's delay policy
+    (``requeue_delay`` times the attempts, capped by ``max_requeue_delay``) and counts as a
+    failure for backoff, as raising does (the exception is logged with its traceback).
+    Whatever the handler returns that is awaitable is awaited first, so a plain function
+    that forwards to an ``async def`` one behaves like it.
+
+    ``async def`` handlers run on the event loop, ``concurrency`` at a time. Plain ``def``
+    handlers run in a pool of up to ``concurrency`` worker threads (default:
+    ``max_in_flight``, at most 100), so a handler that blocks does not stop the event loop
+    from answering nsqd's heartbeats; :meth:`Message.finish` and friends may be called from
+    those threads.
+
+    One nsqd or nsqlookupd that fails, in whatever way, is logged, retried with backoff and
+    does not stop consumption from the others.
 
     Or pull messages without a handler::
 
@@ -289,6 +313,14 @@ class Consumer:
         self._idle: deque[anyio.Event] = deque()
         # What each worker is handling right now (None when idle): for stop() and auto-touch.
         self._slots: list[Message | None] = []
+        # Plain def handlers run in threads; their outcomes come back through the inbox.
+        self._pool: SyncPool | None = None
+        self._inbox: Inbox | None = None
+        self._loop_thread = 0
+        # Messages whose sync handler returned an awaitable that is being awaited.
+        self._awaiting: set[Message] = set()
+        self._fin_readers: dict[int, _Reader] = {}  # thread index -> reader its FINs are for
+        self._lookup_failures = 0
         self._received = self._finished = self._requeued = self._discarded = 0
         self._backoff_level = 0
         self._backoff_blocked = False
@@ -353,6 +385,12 @@ class Consumer:
             tg.cancel_scope.cancel()
 
     def _start_tasks(self, tg: anyio.abc.TaskGroup) -> None:
+        self._loop_thread = threading.get_ident()
+        self._inbox = Inbox(self._on_inbox, partial(self._send_all_fins, in_task=False))
+        tg.start_soon(self._inbox.run)
+        if self._handler is not None and not self._async_handler:
+            self._pool = SyncPool(self._handler, self._concurrency, self._inbox, self.max_attempts)
+            tg.start_soon(self._watch_pool, self._pool)
         for address in self._direct:
             self._want((address, None))
         if self._lookup is not None:
@@ -370,7 +408,8 @@ class Consumer:
         message pulled with ``async for`` counts as handled and is finished), lets
         running handlers finish for up to ``timeout`` seconds (their messages are then FINed or
         REQed as usual; handlers still running after that are cancelled and their messages
-        requeued), then closes the connections.
+        requeued; a plain ``def`` handler's thread cannot be cancelled, so its message is
+        requeued and what the handler returns later is ignored), then closes the connections.
 
         Called again while a stop is under way, it waits for that stop, cutting its wait for
         running handlers down to ``timeout`` if that is sooner (say, on a second Ctrl-C).
@@ -395,6 +434,12 @@ class Consumer:
                 reader.conn.queue(commands.CLS)
         while self._queue:  # never started: give them back right away
             self._requeue(self._queue.popleft(), 0, False)
+        pool = self._pool
+        if pool is not None:
+            for (reader, src, _), item in pool.take_unstarted():
+                msg = item if src is None else build_message(reader, src, item)
+                self._requeue(msg, 0, False)
+            pool.close()  # running handlers finish; nothing new starts
         pulled = self._pulled
         if pulled is not None and pulled._auto and not pulled._responded:
             if pulled_done:
@@ -402,12 +447,19 @@ class Consumer:
             else:
                 self._requeue(pulled, 0, False)
         with anyio.move_on_after(timeout) as self._draining:
-            while self._running():
+            while self._running() or self._threads_busy():
                 await anyio.sleep(0.01)
         self._draining = None
         if self._workers is not None:
             self._workers.cancel()
-        for msg in self._running():
+        if self._inbox is not None:
+            self._inbox.drain()  # outcomes already back: answered as the handler said
+        # Threads cannot be cancelled: take their messages over (a thread answers only
+        # what it still owns) and requeue them.
+        running = self._running(threads=False)
+        if pool is not None:
+            running += pool.steal_running()
+        for msg in running:
             if not msg._responded:
                 self._requeue(msg, 0, False)
         self._slots = [None] * len(self._slots)
@@ -492,11 +544,17 @@ class Consumer:
         if reader.layout is _CLASSIC and not (
             self._stopping or self.auto_touch or self.trace.active
         ):
-            # Hot path: classic frames straight to the handler (sync) or the workers' queue.
-            handler = self._handler
-            inline = handler is not None and not self._async_handler
+            pool = self._pool
+            if pool is not None:
+                # Sync handler: the whole read to the handler threads, which build the
+                # messages themselves.
+                for _, start, end in spans:
+                    if end - start < 26:
+                        raise ProtocolError(f"message frame too short ({end - start} bytes)")
+                pool.submit(reader, src, spans)
+                return
+            # Hot path: classic frames straight to the workers' queue.
             append = self._queue.append
-            write = reader.write
             max_attempts = self.max_attempts
             for _, start, end in spans:
                 if end - start < 26:
@@ -509,32 +567,22 @@ class Consumer:
                 msg._auto = True
                 if max_attempts and attempts > max_attempts:
                     self._give_up(msg)
-                elif not inline:
-                    append(msg)
                 else:
-                    try:
-                        handler(msg)  # type: ignore[misc]
-                    except Exception as exc:
-                        self._handler_failed(msg, exc)
-                    else:
-                        if msg._auto and not msg._responded:
-                            # _finish inlined: this runs once per message
-                            msg._responded = True
-                            reader.in_flight -= 1
-                            try:
-                                write(b"FIN %s\n" % mid)
-                            except ConnectionClosed:
-                                self._answer_lost(msg, "finish")
-                            self._finished += 1
-                            if self._backoff_level:
-                                self._backoff_result(success=True)
+                    append(msg)
             if self._idle and self._queue:
                 self._idle.popleft().set()
             return
+        batch = []
         for _, start, end in spans:
-            self._on_message(reader, decode_message(src[start:end], reader.layout, Message))
+            msg = decode_message(src[start:end], reader.layout, Message)
+            if self._on_message(reader, msg):
+                batch.append(msg)
+        if batch:
+            assert self._pool is not None
+            self._pool.submit(reader, None, batch)
 
-    def _on_message(self, reader: _Reader, msg: Message) -> None:
+    def _on_message(self, reader: _Reader, msg: Message) -> bool:
+        """Account for one decoded message; True when it is for the handler threads."""
         msg._reader = reader
         msg._responded = False
         msg._auto = True
@@ -546,23 +594,16 @@ class Consumer:
             self._trace(reader, msg)
         if self._stopping:
             self._requeue(msg, 0, False)
-            return
+            return False
         if self.max_attempts and msg.attempts > self.max_attempts and not reader.ordered:
             self._give_up(msg)
-            return
-        handler = self._handler
-        if handler is None or self._async_handler:
-            self._queue.append(msg)
-            if self._idle:
-                self._idle.popleft().set()
-            return
-        try:
-            handler(msg)
-        except Exception as exc:
-            self._handler_failed(msg, exc)
-        else:
-            if msg._auto and not msg._responded:
-                self._finish(msg)
+            return False
+        if self._pool is not None:
+            return True
+        self._queue.append(msg)
+        if self._idle:
+            self._idle.popleft().set()
+        return False
 
     def _check_order(self, reader: _Reader, msg: Message) -> None:
         partition = msg.partition if reader.partition is None else reader.partition
@@ -594,7 +635,7 @@ class Consumer:
                     "ordered partition %s of %s is blocked: message %s is on attempt %d",
                     partition,
                     self.topic,
-                    msg.id.hex(),
+                    id_text(msg),
                     attempts,
                 )
             if self._on_blocked is not None:
@@ -625,8 +666,139 @@ class Consumer:
             nsqd=reader.address,
         )
 
-    def _running(self) -> list[Message]:
-        return [m for m in self._slots if m is not None]
+    def _running(self, threads: bool = True) -> list[Message]:
+        running = [m for m in self._slots if m is not None]
+        if threads and self._pool is not None:
+            running += self._pool.running()
+        if self._awaiting:
+            running += self._awaiting
+        return running
+
+    def _threads_busy(self) -> bool:
+        """Some handler thread is running, or its outcome has not been dealt with yet."""
+        pool = self._pool
+        if pool is not None and (pool.active or any(pool.fins)):
+            return True
+        return self._inbox is not None and len(self._inbox) > 0
+
+    # -- handler threads -------------------------------------------------------------------------
+
+    async def _watch_pool(self, pool: SyncPool) -> None:
+        """Add threads when handlers are stuck; collect outcomes threads have not sent."""
+        inbox = self._inbox
+        assert inbox is not None
+        while not pool.closed:
+            await anyio.sleep(0.01 if pool.backlog else 0.05)
+            pool.check()
+            inbox.drain()
+
+    def _on_inbox(self, items: deque[Any]) -> None:
+        """On the loop: what handler threads sent back since the last call, in order
+        (calls from a thread before the FINs they may precede)."""
+        popleft = items.popleft
+        while items:
+            kind, target, value = popleft()
+            if kind == RETURNED:
+                self._handler_returned(target, value)
+            elif kind == FAILED:
+                self._handler_failed(target, value)
+            elif kind == GIVE_UP:
+                self._give_up(target)
+            else:  # _CALL: finish(), requeue() or touch() from a thread
+                try:
+                    target(*value)
+                except NSQError as exc:  # say, answered twice; the thread cannot be told
+                    log.warning("%s", exc)
+        self._send_all_fins(in_task=True)
+
+    def _send_all_fins(self, in_task: bool) -> bool:
+        """Write the FINs handler threads queued; False when that needs a task (the backoff
+        bookkeeping may start one)."""
+        if self._backoff_level and not in_task:
+            return False
+        pool = self._pool
+        if pool is not None:
+            for index, fins in enumerate(pool.fins):
+                if fins:
+                    self._send_fins(index, fins)
+        return True
+
+    def _send_fins(self, index: int, fins: deque[Any]) -> None:
+        """One FIN command per run of ids a thread queued for one connection."""
+        reader = self._fin_readers.get(index)
+        ids: list[bytes] = []
+        popleft = fins.popleft
+        while True:
+            try:
+                item = popleft()
+            except IndexError:
+                break
+            if type(item) is bytes:
+                ids.append(item)
+                continue
+            if ids and reader is not None:
+                self._write_fins(reader, ids)
+                ids = []
+            reader = self._fin_readers[index] = item
+        if ids and reader is not None:
+            self._write_fins(reader, ids)
+
+    def _write_fins(self, reader: _Reader, ids: list[bytes]) -> None:
+        n = len(ids)
+        reader.in_flight -= n
+        try:
+            reader.write(b"FIN " + b"\nFIN ".join(ids) + b"\n")
+        except ConnectionClosed:
+            log.info(
+                "could not finish %d messages: connection to %s is gone; nsqd will redeliver",
+                n,
+                reader.address,
+            )
+        else:
+            self._finished += n
+        if self._backoff_level:
+            for _ in range(n):
+                self._backoff_result(success=True)
+
+    def _on_loop(self) -> bool:
+        return threading.get_ident() == self._loop_thread
+
+    def _touch_unless_answered(self, msg: Message) -> None:
+        if not msg._responded:
+            self._touch(msg)
+
+    def _from_anywhere(self, fn: Callable[..., None], *args: Any) -> None:
+        """Call ``fn`` now on the loop's thread, or carry it over there from another one."""
+        if threading.get_ident() == self._loop_thread:
+            fn(*args)
+            return
+        inbox = self._inbox
+        if inbox is None:
+            raise NSQError("the consumer is not running")
+        inbox.put((_CALL, fn, args))
+
+    def _handler_returned(self, msg: Message, value: Any) -> None:
+        if inspect.isawaitable(value):
+            if self._tg is None:
+                return
+            self._awaiting.add(msg)
+            self._tg.start_soon(self._settle, msg, value)
+        elif msg._auto and not msg._responded:
+            if value is False:
+                self._requeue(msg, None, True)
+            else:
+                self._finish(msg)
+
+    async def _settle(self, msg: Message, awaitable: Awaitable[Any]) -> None:
+        """Await what a plain function handler returned, then answer as for its result."""
+        try:
+            value = await awaitable
+        except Exception as exc:
+            self._handler_failed(msg, exc)
+        else:
+            self._handler_returned(msg, value)
+        finally:
+            self._awaiting.discard(msg)
 
     async def _run_workers(self) -> None:
         self._slots = [None] * self._concurrency
@@ -657,18 +829,26 @@ class Consumer:
             slots[slot] = msg
             try:
                 coro = handler(msg)
-                try:
-                    step = coro.send(None)  # type: ignore[union-attr]
-                except StopIteration:
-                    pass
+                if type(coro) is CoroutineType:
+                    try:
+                        step = coro.send(None)
+                    except StopIteration as stop:
+                        value = stop.value
+                    else:
+                        if queue and idle:
+                            idle.popleft().set()
+                        value = await _Resume(coro, step)
                 else:
-                    if queue and idle:
-                        idle.popleft().set()
-                    await _Resume(coro, step)  # type: ignore[arg-type]
+                    value = coro
+                while value is not None and inspect.isawaitable(value):
+                    value = await value  # returned, rather than awaited, by the handler
             except Exception as exc:
                 self._handler_failed(msg, exc)
             else:
-                if msg._auto and not msg._responded:
+                if value is False:
+                    if msg._auto and not msg._responded:
+                        self._requeue(msg, None, True)
+                elif msg._auto and not msg._responded:
                     # _finish inlined: this runs once per message
                     msg._responded = True
                     reader = msg._reader
@@ -677,14 +857,19 @@ class Consumer:
                         reader.write(b"FIN %s\n" % msg.id)
                     except ConnectionClosed:
                         self._answer_lost(msg, "finish")
-                    self._finished += 1
+                    else:
+                        self._finished += 1
                     if self._backoff_level:
                         self._backoff_result(success=True)
             slots[slot] = None
 
-    def _handler_failed(self, msg: Message, exc: Exception) -> None:
+    def _handler_failed(self, msg: Message, exc: BaseException) -> None:
         log.warning(
-            "handler failed for message %s (attempt %d): %r", msg.id.hex(), msg.attempts, exc
+            "handler failed for message %s (attempt %d): %r",
+            id_text(msg),
+            msg.attempts,
+            exc,
+            exc_info=exc,
         )
         if msg._auto and not msg._responded:
             self._requeue(msg, None, True)
@@ -696,7 +881,7 @@ class Consumer:
             if callback is None:
                 log.warning(
                     "giving up on message %s after %d attempts (max_attempts=%d); finishing it",
-                    msg.id.hex(),
+                    id_text(msg),
                     msg.attempts,
                     self.max_attempts,
                 )
@@ -705,13 +890,14 @@ class Consumer:
                 if inspect.isawaitable(result) and self._tg is not None:
                     self._tg.start_soon(_await, result)
         except Exception:
-            log.exception("on_giving_up callback failed for message %s", msg.id.hex())
+            log.exception("on_giving_up callback failed for message %s", id_text(msg))
         if not msg._responded:
             self._finish(msg, count=False)
 
-    def _respond(self, msg: Message, command: bytes) -> None:
+    def _respond(self, msg: Message, command: bytes) -> bool:
+        """Send an answer; False when its connection is gone (nsqd will redeliver)."""
         if msg._responded:
-            raise NSQError(f"message {msg.id.hex()} was already answered")
+            raise NSQError(f"message {id_text(msg)} was already answered")
         msg._responded = True
         reader = msg._reader
         reader.in_flight -= 1
@@ -719,20 +905,22 @@ class Consumer:
             reader.write(command)
         except ConnectionClosed:
             self._answer_lost(msg, "answer")
+            return False
+        return True
 
     @staticmethod
     def _answer_lost(msg: Message, what: str) -> None:
         log.info(
             "could not %s message %s: connection to %s is gone; nsqd will redeliver it",
             what,
-            msg.id.hex(),
+            id_text(msg),
             msg._reader.address,
         )
 
     def _finish(self, msg: Message, count: bool = True) -> None:
         # _respond inlined: this runs once per message.
         if msg._responded:
-            raise NSQError(f"message {msg.id.hex()} was already answered")
+            raise NSQError(f"message {id_text(msg)} was already answered")
         msg._responded = True
         reader = msg._reader
         reader.in_flight -= 1
@@ -740,8 +928,9 @@ class Consumer:
             reader.write(b"FIN %s\n" % msg.id)
         except ConnectionClosed:
             self._answer_lost(msg, "finish")
-        if count:
-            self._finished += 1
+        else:
+            if count:
+                self._finished += 1
         if self._backoff_level and count:
             self._backoff_result(success=True)
 
@@ -750,16 +939,17 @@ class Consumer:
             delay = 0  # an ordered channel ignores REQ delays: the message must come back now
         elif delay is None:
             delay = min(self.requeue_delay * msg.attempts, self.max_requeue_delay)
-        elif not isinstance(delay, int | float) or not 0 <= delay < math.inf:
-            raise InvalidArgument(f"requeue delay must be a number of seconds >= 0, not {delay!r}")
-        self._respond(msg, commands.req(msg.id, int(delay * 1000)))
-        self._requeued += 1
+        else:
+            delay = check_requeue_delay(delay)
+        assert delay is not None
+        if self._respond(msg, commands.req(msg.id, int(delay * 1000))):
+            self._requeued += 1
         if backoff and self._backoff_enabled and not self._stopping:
             self._backoff_result(success=False)
 
     def _touch(self, msg: Message) -> None:
         if msg._responded:
-            raise NSQError(f"message {msg.id.hex()} was already answered")
+            raise NSQError(f"message {id_text(msg)} was already answered")
         msg._touched = time.monotonic()
         with contextlib.suppress(ConnectionClosed):
             msg._reader.conn.queue(commands.touch(msg.id))
@@ -844,7 +1034,8 @@ class Consumer:
                 if msg._responded or now - msg._received >= features.max_msg_timeout:
                     continue
                 if now - msg._touched >= features.msg_timeout / 2:
-                    self._touch(msg)
+                    with contextlib.suppress(NSQError):  # a handler thread just answered it
+                        self._touch(msg)
 
     # -- connections -----------------------------------------------------------------------------
 
@@ -878,10 +1069,18 @@ class Consumer:
                     self.last_error = exc
                     level = logging.ERROR if failures == 1 else logging.DEBUG
                     log.log(level, "nsqd %s refuses the subscription: %s", name, _explain(exc))
-                except (ConnectionClosed, ServerError, NSQTimeout, OSError) as exc:
+                except Exception as exc:  # one bad node must not stop the rest
                     failures += 1
                     level = logging.WARNING if failures == 1 else logging.DEBUG
-                    log.log(level, "nsqd %s: %s (attempt %d)", name, exc, failures)
+                    expected = isinstance(exc, NSQError | OSError)
+                    log.log(
+                        level,
+                        "nsqd %s: %s (attempt %d)",
+                        name,
+                        exc if expected else repr(exc),
+                        failures,
+                        exc_info=None if expected else exc,
+                    )
                 if self._stopping or target not in self._wanted:
                     break
                 if self._lookup is not None:
@@ -964,13 +1163,24 @@ class Consumer:
                     await self._requery.wait()
 
     async def _query_lookupds(self) -> None:
-        """Ask every lookupd at once; connect to new nsqd, drop those no lookupd lists."""
-        assert self._lookup is not None
+        """Ask every lookupd at once; connect to new nsqd, drop those no lookupd lists.
+
+        Whatever goes wrong, the nsqd we have stay connected and the next poll tries again.
+        """
         try:
-            layout = await self._lookup.lookup(self.topic, "r")
+            await self._apply_lookup()
         except LookupFailed as exc:  # every lookupd down: keep what we have
             log.debug("lookup of %s failed: %s", self.topic, exc)
-            return
+        except Exception as exc:  # a bad answer must not stop consuming
+            self._lookup_failures += 1
+            level = logging.WARNING if self._lookup_failures == 1 else logging.DEBUG
+            log.log(level, "lookup of %s failed: %r", self.topic, exc, exc_info=exc)
+        else:
+            self._lookup_failures = 0
+
+    async def _apply_lookup(self) -> None:
+        assert self._lookup is not None
+        layout = await self._lookup.lookup(self.topic, "r")
         if layout.meta is not None and layout.meta.partition_num:
             if self._ordered_option is None:
                 self._ordered = layout.meta.ordered

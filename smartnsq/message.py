@@ -14,9 +14,11 @@ if TYPE_CHECKING:
 class Message(RawMessage):
     """A delivered message.
 
-    The consumer answers it for you: FIN when the handler returns, REQ when it raises. Take
-    over with :meth:`finish`, :meth:`requeue` and :meth:`touch` (they queue the command and
-    return at once), or with :meth:`disable_auto_response` to answer later, from anywhere.
+    The consumer answers it for you: FIN when the handler returns, REQ when it returns
+    ``False`` or raises. Take over with :meth:`finish`, :meth:`requeue` and :meth:`touch`
+    (they queue the command and return at once), or with :meth:`disable_auto_response` to
+    answer later, from anywhere: called from another thread (a plain ``def`` handler runs in
+    a worker thread), they are carried over to the event loop, in order.
 
     On the Youzan fork, :attr:`partition`, :attr:`internal_id`, :attr:`trace_id`, and (for
     ordered subscriptions) :attr:`offset` and :attr:`raw_size` describe where it came from.
@@ -49,7 +51,10 @@ class Message(RawMessage):
 
     def finish(self) -> None:
         """Tell nsqd the message is done (FIN)."""
-        self._reader.consumer._finish(self)
+        consumer = self._reader.consumer
+        if not consumer._on_loop():
+            self._auto = False  # answered by hand: the thread must not FIN it as well
+        consumer._from_anywhere(consumer._finish, self)
 
     def requeue(self, delay: float | None = None, *, backoff: bool = True) -> None:
         """Give the message back for redelivery after ``delay`` seconds (REQ).
@@ -60,12 +65,35 @@ class Message(RawMessage):
         """
         if delay is not None:
             delay = check_requeue_delay(delay)
-        self._reader.consumer._requeue(self, delay, backoff)
+        consumer = self._reader.consumer
+        if not consumer._on_loop():
+            self._auto = False
+        consumer._from_anywhere(consumer._requeue, self, delay, backoff)
 
     def touch(self) -> None:
         """Reset the server's timeout for this message (TOUCH)."""
-        self._reader.consumer._touch(self)
+        consumer = self._reader.consumer
+        if consumer._on_loop():
+            consumer._touch(self)
+        else:  # the FIN may overtake it: then it has nothing left to do
+            consumer._from_anywhere(consumer._touch_unless_answered, self)
 
     def disable_auto_response(self) -> None:
         """Stop the consumer from answering the message when the handler returns or raises."""
         self._auto = False
+
+
+def id_text(msg: Message) -> str:
+    """The message id as nsqd shows it, for log lines.
+
+    Classic nsqd ids are 16 ASCII hex characters: shown as that text. Youzan ids are an
+    8-byte internal id and an 8-byte trace id, which its nsqd logs and HTTP API show as
+    decimal numbers: the internal id, with the trace id when there is one.
+    """
+    mid = msg.id
+    if msg._reader.layout.binary_id:
+        trace = msg.trace_id
+        return f"{msg.internal_id} (trace id {trace})" if trace else str(msg.internal_id)
+    if mid.isascii() and mid.isalnum():
+        return mid.decode()
+    return mid.hex()

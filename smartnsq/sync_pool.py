@@ -1,0 +1,254 @@
+"""Worker threads for plain (``def``) handlers, so the event loop keeps answering heartbeats.
+
+The loop hands over each read as one job: the connection's reader, the read buffer and the
+message frames' spans (or, off the hot path, messages it already decoded). A thread builds
+each message right before calling the handler, so a message lives only as long as its
+handler runs (no pile of queued objects for the garbage collector to walk), and for the
+usual outcome, FIN, it only appends the message id to its own deque: the loop writes one
+FIN command per batch without touching the messages again. Other outcomes go through the
+:class:`~smartnsq.inbox.Inbox`, which also wakes the loop, once per batch.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections import deque
+from collections.abc import Callable
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
+
+from smartnsq.inbox import Inbox
+from smartnsq.message import Message
+
+if TYPE_CHECKING:
+    from smartnsq.consumer import _Reader
+
+# Inbox items from a thread, (kind, message, value):
+RETURNED = 0  # the handler returned ``value``, not None
+FAILED = 1  # the handler raised ``value``
+GIVE_UP = 3  # past max_attempts: the handler was not called
+
+BATCH = 256  # outcomes after which a busy thread wakes the loop even with work queued
+
+_unpack_head = struct.Struct(">qH").unpack_from
+_unpack_size = struct.Struct(">i").unpack_from
+
+# A job: (reader, read buffer, where each message frame's data starts in it) or (reader,
+# None, messages); threads pop from the deque. Plain ints, unlike span tuples, are no work
+# for the garbage collector while they wait.
+Job = tuple["_Reader", bytes | None, deque[Any]]
+_start = itemgetter(1)
+
+
+def build_message(reader: _Reader, src: bytes, start: int) -> Message:
+    """The message whose frame data starts at ``start`` in ``src`` (the threads' hot loop
+    has this inlined)."""
+    end = start - 4 + _unpack_size(src, start - 8)[0]  # the frame's size field counts its type
+    timestamp, attempts = _unpack_head(src, start)
+    msg = Message(timestamp, attempts, src[start + 10 : start + 26], src[start + 26 : end])
+    msg._reader = reader
+    msg._responded = False
+    msg._auto = True
+    return msg
+
+
+class SyncPool:
+    """Up to ``size`` threads calling ``handler`` on the messages of submitted jobs.
+
+    One thread takes the work while it keeps up: more threads on a fast handler only fight
+    over the GIL. :meth:`check`, called periodically on the loop, adds threads when work
+    waits and no thread finished a message since the previous call (the number running
+    doubles each time, so slow handlers soon spread over all of them); a thread added that
+    way helps with the jobs the stuck ones hold.
+    """
+
+    def __init__(
+        self, handler: Callable[[Message], Any], size: int, inbox: Inbox, max_attempts: int
+    ) -> None:
+        self._handler = handler
+        self._size = size
+        self._inbox = inbox
+        self._max_attempts = max_attempts
+        self._queue: deque[Job] = deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._idle = 0  # threads waiting for work
+        self._waking = 0  # threads notified or started that have not taken work yet
+        self.active = 0  # threads not waiting for work
+        self.jobs: list[Job | None] = []  # the job each thread works on
+        self.owned: dict[int, Message] = {}  # thread index -> message its handler runs
+        # Per thread: a _Reader, then the ids of the messages of that reader to FIN.
+        self.fins: list[deque[Any]] = []
+        self._seen: list[Message | None] = []
+        self.closed = False
+
+    @property
+    def backlog(self) -> int:
+        """Messages no thread has started yet."""
+        return sum(len(job[2]) for job in self._all_jobs())
+
+    def submit(self, reader: _Reader, src: bytes | None, items: list[Any]) -> None:
+        """Queue one read's frame spans (with ``src``) or messages (``src=None``) (on the
+        loop)."""
+        self._queue.append((reader, src, deque(items if src is None else map(_start, items))))
+        with self._cond:
+            # A thread running or on its way gets to them (check() adds one if it is stuck).
+            if not self.active and not self._waking:
+                self._wake()
+
+    def take_unstarted(self) -> list[tuple[Job, Any]]:
+        """Remove and return what no thread has started, each with its job."""
+        out = []
+        for job in self._all_jobs():
+            popleft = job[2].popleft
+            while True:
+                try:
+                    out.append((job, popleft()))
+                except IndexError:
+                    break
+        return out
+
+    def steal_running(self) -> list[Message]:
+        """Take the messages whose handler is running: their outcome will be ignored."""
+        taken = []
+        for index in list(self.owned):
+            msg = self.owned.pop(index, None)
+            if msg is not None:
+                taken.append(msg)
+        return taken
+
+    def running(self) -> list[Message]:
+        return list(self.owned.values())
+
+    def close(self) -> None:
+        """Threads exit once their current handler returns; nothing new is started."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    def check(self) -> None:
+        """Add threads when work waits and none made progress since the last call (on the
+        loop)."""
+        seen = self._seen
+        now = [self.owned.get(index) for index in range(len(self.jobs))]
+        self._seen = now
+        if self._waking or len(seen) != len(now) or not self.backlog:
+            return  # a thread is on its way, or nothing waits
+        if sum(msg is not None for msg in now) < self.active:
+            return  # some running thread is between messages: it takes the next one
+        if any(a is not b for a, b in zip(seen, now, strict=True)):
+            return  # progress
+        with self._cond:
+            for _ in range(max(1, self.active)):
+                self._wake()
+
+    def _all_jobs(self) -> list[Job]:
+        jobs = list(self._queue)
+        queued = {id(job) for job in jobs}
+        for job in self.jobs:  # several threads may share one
+            if job is not None and id(job) not in queued:
+                queued.add(id(job))
+                jobs.append(job)
+        return jobs
+
+    def _wake(self) -> None:  # with the lock held
+        if self._idle > self._waking:
+            self._waking += 1
+            self._cond.notify()
+        elif len(self.jobs) < self._size and not self.closed:
+            self._waking += 1
+            self.active += 1
+            index = len(self.jobs)
+            self.jobs.append(None)
+            self.fins.append(deque())
+            threading.Thread(
+                target=self._work, args=(index,), name=f"smartnsq-handler-{index}", daemon=True
+            ).start()
+
+    def _next_job(self, index: int) -> Job | None:
+        try:
+            return self._queue.popleft()
+        except IndexError:
+            pass
+        for job in self.jobs:  # help a thread stuck in a slow handler with the rest
+            if job is not None and job[2]:
+                return job
+        return None
+
+    def _work(self, index: int) -> None:
+        handler = self._handler
+        inbox = self._inbox
+        append = inbox.append
+        wake = inbox.wake
+        cond = self._cond
+        owned = self.owned
+        fins = self.fins[index]
+        fin = fins.append
+        max_attempts = self._max_attempts
+        queue = self._queue
+        with cond:
+            self._waking -= 1
+        unsent = 0
+        while True:
+            job = self._next_job(index)
+            if job is None:
+                with cond:
+                    if self._queue and not self.closed:
+                        continue
+                    self.jobs[index] = None
+                    self.active -= 1
+                    if self.closed:
+                        return
+                    self._idle += 1
+                    cond.wait()
+                    self._idle -= 1
+                    self.active += 1
+                    if self._waking:
+                        self._waking -= 1
+                continue
+            self.jobs[index] = job
+            reader, src, items = job
+            fin(reader)
+            popleft = items.popleft
+            # The hot loop: no lock; the loop is woken once the work runs out (or every
+            # BATCH outcomes): waking it sooner hands it the GIL mid-batch for a few FINs.
+            while True:
+                try:
+                    x = popleft()
+                except IndexError:
+                    break
+                if src is not None:  # where a frame's data starts: build the message now
+                    start = x
+                    end = start - 4 + _unpack_size(src, start - 8)[0]
+                    timestamp, attempts = _unpack_head(src, start)
+                    msg = Message(
+                        timestamp, attempts, src[start + 10 : start + 26], src[start + 26 : end]
+                    )
+                    msg._reader = reader
+                    msg._responded = False
+                    msg._auto = True
+                    if max_attempts and attempts > max_attempts:
+                        append((GIVE_UP, msg, None))
+                        continue
+                else:
+                    msg = x
+                owned[index] = msg
+                try:
+                    result = handler(msg)
+                except BaseException as exc:  # any failure is the message's failure
+                    owned.pop(index, None)
+                    append((FAILED, msg, exc))
+                else:
+                    mine = owned.pop(index, None) is msg  # else stop() took it over
+                    if result is not None:
+                        append((RETURNED, msg, result))
+                    elif mine and msg._auto and not msg._responded:
+                        msg._responded = True
+                        fin(msg.id)
+                unsent += 1
+                if (unsent >= BATCH or not (items or queue)) and not inbox.scheduled:
+                    unsent = 0
+                    wake()
+            if not inbox.scheduled and (fins or len(inbox)):
+                unsent = 0
+                wake()
