@@ -16,7 +16,6 @@ import anyio.abc
 from smartnsq._checks import FORKS, get_ident, owner, wrong_owner
 from smartnsq.connection import Connection
 from smartnsq.errors import (
-    ConnectFailed,
     ConnectionClosed,
     InvalidArgument,
     NoNsqdAvailable,
@@ -380,15 +379,11 @@ class Producer(ProducerCore[_Node]):
                 return min(conns, key=_pending)
             try:
                 conn = await Connection.open(node.address, self._config)
-            except (ConnectionClosed, ProtocolError, InvalidArgument) as exc:
-                # unreachable, not speaking NSQ, or a bad address (port 0 from a lookupd)
-                node.mark_down(self._now())
-                if isinstance(exc, ConnectionClosed):
+            except (ConnectionClosed, ProtocolError, InvalidArgument, ServerError) as exc:
+                failure = self._open_failed(node, exc)
+                if failure is exc:
                     raise
-                raise ConnectFailed(f"nsqd {node.address}: {exc}") from exc
-            except ServerError:
-                node.mark_down(self._now())
-                raise
+                raise failure from exc
             # Not marked up yet: only an answered request shows the node works.
             conn.on_close = lambda c: self._forget(node, c)
             node.connections.append(conn)

@@ -28,6 +28,8 @@ from smartnsq._checks import (
     check_timeout,
 )
 from smartnsq.errors import (
+    ConnectFailed,
+    ConnectionClosed,
     InvalidArgument,
     InvalidType,
     MessageTooLarge,
@@ -550,6 +552,17 @@ class ProducerCore(Generic[N]):
         for node in order:
             if not node.failures or node.claim(now) or node is order[-1]:
                 yield node
+
+    def _open_failed(self, node: N, exc: Exception) -> Exception:
+        """Opening a connection to ``node`` raised ``exc``: mark it down; what to raise.
+
+        Unreachable, not speaking NSQ, or a bad address (port 0 from a lookupd) are all
+        connection failures, which the caller retries elsewhere; a server error stays one.
+        """
+        node.mark_down(self._now())
+        if isinstance(exc, ConnectionClosed | ServerError):
+            return exc
+        return ConnectFailed(f"nsqd {node.address}: {exc}")
 
     @staticmethod
     def _retry_action(exc: Exception) -> bool:

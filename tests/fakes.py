@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -43,11 +44,22 @@ async def read_until_closed(stream: anyio.abc.SocketStream) -> None:
         pass
 
 
+async def read_identify(stream: anyio.abc.SocketStream) -> None:
+    """Read the magic and the whole IDENTIFY command: "  V2", "IDENTIFY\n", a 4-byte size,
+    then that many bytes of JSON."""
+    buf = b""
+    while (at := buf.find(b"IDENTIFY\n")) < 0 or len(buf) < at + 13:
+        buf += await stream.receive()
+    (size,) = struct.unpack_from(">i", buf, at + 9)
+    while len(buf) < at + 13 + size:
+        buf += await stream.receive()
+
+
 def identify_reply(reply: bytes) -> Serve:
     """A server that answers the IDENTIFY with ``reply`` (a response frame's payload)."""
 
     async def serve(stream: anyio.abc.SocketStream) -> None:
-        await stream.receive()  # magic + IDENTIFY
+        await read_identify(stream)
         await stream.send(encode_frame(FRAME_RESPONSE, reply))
         await read_until_closed(stream)
 
@@ -56,7 +68,7 @@ def identify_reply(reply: bytes) -> Serve:
 
 async def heartbeats_only(stream: anyio.abc.SocketStream) -> None:
     """Completes the handshake, then sends heartbeats and never answers a command."""
-    await stream.receive()
+    await read_identify(stream)
     await stream.send(IDENTIFY_OK)
     async with anyio.create_task_group() as tg:
 

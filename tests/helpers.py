@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import struct
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,7 +14,6 @@ from typing import Any, TypeVar
 import anyio
 import anyio.abc
 import pytest
-from anyio.abc import SocketAttribute
 
 from smartnsq import Connection, ConnectionConfig
 from smartnsq.protocol import RawMessage, commands, decode_message
@@ -192,35 +190,13 @@ async def fake_http(respond: Responder) -> AsyncIterator[str]:
 
 
 @asynccontextmanager
-async def fake_nsqd(identify_reply: bytes) -> AsyncIterator[str]:
+async def fake_nsqd(reply: bytes) -> AsyncIterator[str]:
     """A TCP server on loopback that answers every client's IDENTIFY with a response frame
-    carrying ``identify_reply`` and then stays silent. Yields its ``host:port``."""
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(SocketAttribute.local_port)
+    carrying ``reply`` and then stays silent. Yields its ``host:port``."""
+    from tests.fakes import fake_server, identify_reply
 
-    async def serve(stream: anyio.abc.SocketStream) -> None:
-        async with stream:
-            buf = b""
-            try:
-                # "  V2", "IDENTIFY\n", a 4-byte size, then that many bytes of JSON
-                while (at := buf.find(b"IDENTIFY\n")) < 0 or len(buf) < at + 13:
-                    buf += await stream.receive()
-                (size,) = struct.unpack_from(">i", buf, at + 9)
-                while len(buf) < at + 13 + size:
-                    buf += await stream.receive()
-                frame = struct.pack(">ii", len(identify_reply) + 4, 0) + identify_reply
-                await stream.send(frame)
-                while True:  # until the client hangs up
-                    await stream.receive()
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass
-
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, serve)
-        try:
-            yield f"127.0.0.1:{port}"
-        finally:
-            tg.cancel_scope.cancel()
+    async with fake_server(identify_reply(reply)) as address:
+        yield address
 
 
 def http_response(status: int, body: bytes, content_type: str = "application/json") -> bytes:

@@ -64,7 +64,8 @@ class Feed:
             cm.__enter__()
         self._toucher = self._loop.portal.start_task_soon(self._touch_loop)
 
-    def _on_message(self, msg: Message) -> None:
+    async def _on_message(self, msg: Message) -> None:
+        # async: it runs on the loop (a plain def handler would get a worker thread)
         msg.disable_auto_response()
         if self._closing:  # arrived after close() gave everything back: give it back too
             with contextlib.suppress(NSQError):

@@ -12,7 +12,6 @@ from typing import Any
 import anyio
 
 from smartnsq.errors import (
-    ConnectFailed,
     ConnectionClosed,
     InvalidArgument,
     NoNsqdAvailable,
@@ -288,15 +287,11 @@ class Producer(ProducerCore[_Node]):
                 conn = SyncConnection.open(
                     node.address, self._config, max(0.001, deadline - time.monotonic())
                 )
-            except (ConnectionClosed, ProtocolError, InvalidArgument) as exc:
-                # unreachable, not speaking NSQ, or a bad address (port 0 from a lookupd)
-                node.mark_down(self._now())
-                if isinstance(exc, ConnectionClosed):
+            except (ConnectionClosed, ProtocolError, InvalidArgument, ServerError) as exc:
+                failure = self._open_failed(node, exc)
+                if failure is exc:
                     raise
-                raise ConnectFailed(f"nsqd {node.address}: {exc}") from exc
-            except ServerError:
-                node.mark_down(self._now())
-                raise
+                raise failure from exc
             node.connections = [*conns, conn]
             return conn
         finally:

@@ -72,7 +72,7 @@ async def test_drip_feeding_lookupd_does_not_block_consume(classic_cluster, anyi
     got: list[bytes] = []
     arrived = anyio.Event()
 
-    def handle(message: Message) -> None:
+    async def handle(message: Message) -> None:
         got.append(message.body)
         arrived.set()
 
