@@ -107,8 +107,12 @@ def test_handler_form_runs_until_stopped(classic_cluster):
     )
     runner = threading.Thread(target=consumer.run)
     runner.start()
-    runner.join(30)
-    assert not runner.is_alive()
+    try:
+        runner.join(30)
+        assert not runner.is_alive()
+    finally:  # never leave a consuming thread behind (it would keep the process alive)
+        consumer.stop()
+        runner.join(15)
     assert seen.count(b"m7") == 2 and len(set(seen)) == 50
     s = settled(nsqd.http, topic, channel, 0)
     assert s["requeue_count"] == 1
