@@ -1,8 +1,9 @@
 """Build (once) and cache NSQ server binaries.
 
 ``ensure_binaries("classic")`` builds nsqd, nsqlookupd, bench_writer and bench_reader of
-github.com/nsqio/nsq; ``ensure_binaries("youzan")`` builds nsqd and nsqlookupd of the Youzan
-HA fork (github.com/youzan/nsq) and makes sure an ``etcd`` with the v2 API is installed.
+github.com/nsqio/nsq; ``ensure_binaries("youzan")`` finds prebuilt nsqd and nsqlookupd of the
+Youzan HA fork (this project never builds them: see compat/README.md) and makes sure an ``etcd``
+with the v2 API is installed.
 Binaries are cached under ``compat/.servers/`` (override with ``SMARTNSQ_SERVERS_DIR``) and
 mirrored to ``~/.cache/smartnsq/servers/`` so that fresh clones on the same machine reuse them;
 a file lock serialises concurrent callers.  All progress output goes to stderr.
@@ -13,7 +14,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -32,26 +32,9 @@ CLASSIC_PACKAGES = {
     "bench_reader": "./bench/bench_reader",
 }
 
-YOUZAN_MODULE = "github.com/youzan/nsq"
 YOUZAN_VERSION = "v0.3.7-HA.1.12.7"
-YOUZAN_GONSQ_MODULE = "github.com/youzan/go-nsq"
-YOUZAN_GONSQ_VERSION = "v1.7.2-HA"
 YOUZAN_PACKAGES = {"nsqd": "./apps/nsqd", "nsqlookupd": "./apps/nsqlookupd"}
 YOUZAN_BIN_ENV = "SMARTNSQ_YOUZAN_BIN_DIR"
-# The fork's nsqd refuses to start unless RLIMIT_NOFILE >= 2 * reservedFDNum (100000).
-# Many CI/containers cannot raise the hard limit that far, so the build lowers it.
-YOUZAN_FD_PATCH = (
-    "nsqdserver/nsqd_server.go",
-    r"reservedFDNum\s*=\s*50000\b",
-    "reservedFDNum = 1000",
-)
-# Go >= 1.18 needs newer reflect2/json-iterator; one transitive go.mod wants a bolt
-# version that is not always served, the required top-level one is used instead.
-YOUZAN_GO_MOD_EDITS = [
-    "-require=github.com/modern-go/reflect2@v1.0.2",
-    "-require=github.com/json-iterator/go@v1.1.12",
-    "-replace=github.com/absolute8511/bolt@v1.5.1=github.com/absolute8511/bolt@v1.5.2",
-]
 
 KINDS = ("classic", "youzan")
 
@@ -145,12 +128,6 @@ def _go_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _go_minor(go: str, env: dict[str, str]) -> int:
-    out = _run([go, "env", "GOVERSION"], env=env).strip()  # e.g. go1.26.8
-    m = re.match(r"go1\.(\d+)", out)
-    return int(m.group(1)) if m else 0
-
-
 def _module_source(module: str, version: str, env: dict[str, str]) -> Path | None:
     """Download a module through the module proxy; return its read-only cache dir or None."""
     proc = subprocess.run(
@@ -206,34 +183,6 @@ def _build_classic(work: Path, out: Path) -> None:
     tree = work / "nsq"
     _copy_tree(src, tree)  # building inside the module keeps its replace directives in force
     _build(tree, CLASSIC_PACKAGES, out, env)
-
-
-def _patch(path: Path, pattern: str, replacement: str) -> None:
-    text = path.read_text()
-    new, count = re.subn(pattern, replacement, text)
-    if count != 1:
-        raise BuildError(f"patch pattern {pattern!r} matched {count} times in {path} (expected 1)")
-    path.write_text(new)
-
-
-def _build_youzan(work: Path, out: Path) -> None:
-    env = _go_env()
-    go = _go()
-    nsq_src = _module_source(YOUZAN_MODULE, YOUZAN_VERSION, env)
-    if nsq_src is None or _module_source(YOUZAN_GONSQ_MODULE, YOUZAN_GONSQ_VERSION, env) is None:
-        raise BuildError(
-            f"cannot obtain {YOUZAN_MODULE}@{YOUZAN_VERSION} (and {YOUZAN_GONSQ_MODULE}) through "
-            "the Go module proxy, which is where this project builds the Youzan servers from. "
-            "Put prebuilt nsqd and nsqlookupd of that release in a folder and point "
-            f"{YOUZAN_BIN_ENV} at it."
-        )
-    tree = work / "nsq"
-    _copy_tree(nsq_src, tree)
-    rel, pattern, replacement = YOUZAN_FD_PATCH
-    _patch(tree / rel, pattern, replacement)
-    _run([go, "mod", "edit", *YOUZAN_GO_MOD_EDITS], cwd=tree, env=env)
-    ldflags = "-checklinkname=0" if _go_minor(go, env) >= 23 else ""
-    _build(tree, YOUZAN_PACKAGES, out, env, ldflags)
 
 
 def _prebuilt_youzan() -> Path | None:
@@ -296,7 +245,13 @@ def ensure_binaries(kind: str) -> dict[str, Path]:
                     work = Path(tmp)
                     out = work / "out"
                     out.mkdir()
-                    (_build_classic if kind == "classic" else _build_youzan)(work, out)
+                    if kind != "classic":
+                        raise BuildError(
+                            f"no Youzan HA servers ({YOUZAN_VERSION}) in {target}, {shared} or "
+                            f"{YOUZAN_BIN_ENV}: this project does not build them; put prebuilt "
+                            "nsqd and nsqlookupd of that release in one of those places"
+                        )
+                    _build_classic(work, out)
                     (out / ".complete").write_text(f"{kind}\n")
                     _install_dir(out, target)
                     try:
