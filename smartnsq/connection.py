@@ -28,6 +28,7 @@ from smartnsq.errors import (
     NSQTimeout,
     ProtocolError,
     ServerError,
+    closed_error,
     error_from_frame,
 )
 from smartnsq.protocol import commands
@@ -514,11 +515,7 @@ class Connection:
     # -- closing ---------------------------------------------------------------------------------
 
     def _closed_error(self) -> ConnectionClosed:
-        reason = self.close_reason
-        text = f"connection to nsqd {self.address} is closed"
-        if reason is not None and str(reason) and str(reason) not in text:
-            text += f": {reason}"
-        return ConnectionClosed(text)
+        return closed_error(self.address, self.close_reason)
 
     def _stop(self, reason: BaseException, graceful: bool = False) -> None:
         """Make :meth:`run` end with ``reason``; ``graceful`` keeps buffered writes."""

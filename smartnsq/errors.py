@@ -59,6 +59,7 @@ __all__ = [
     "Unauthorized",
     "UsedAfterFork",
     "WrongEventLoop",
+    "closed_error",
     "error_from_frame",
 ]
 
@@ -118,6 +119,14 @@ class ProtocolError(NSQError):
 
 class ConnectionClosed(NSQError, ConnectionError):
     """The connection is closed (by us, by the server, or by the network)."""
+
+
+def closed_error(address: str, reason: BaseException | None) -> ConnectionClosed:
+    """The error for using a connection to ``address`` that is closed, saying why."""
+    text = f"connection to nsqd {address} is closed"
+    if reason is not None and str(reason) and str(reason) not in text:
+        text += f": {reason}"
+    return ConnectionClosed(text)
 
 
 class ConnectFailed(ConnectionClosed):

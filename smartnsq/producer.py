@@ -21,7 +21,6 @@ from smartnsq.errors import (
     NoNsqdAvailable,
     NSQError,
     NSQTimeout,
-    PartialPublish,
     ProtocolError,
     ServerError,
 )
@@ -35,6 +34,7 @@ from smartnsq.publishing import (
     NodeHealth,
     ProducerCore,
     Request,
+    batch_failed,
     check_server,
     emit_publish,
     timeout_error,
@@ -202,12 +202,7 @@ class Producer(ProducerCore[_Node]):
                 else:
                     await self._send(request.build(None), timeout)
             except NSQError as exc:
-                if done == 0:
-                    raise
-                raise PartialPublish(
-                    f"published {done} of {plan.total} messages, then a batch failed: {exc}",
-                    done,
-                ) from exc
+                raise batch_failed(exc, done, plan.total)  # noqa: B904 - it sets the cause
             done += request.count
         return results if plan.traced else None
 
@@ -342,10 +337,7 @@ class Producer(ProducerCore[_Node]):
                 self._check_retryable(exc, conn)
                 refresh = True
                 attempt += 1
-                if attempt > self.max_retries:
-                    raise
-                log.info("publish failed (%s); retry %d of %d", exc, attempt, self.max_retries)
-                await anyio.sleep(self._backoff(attempt))
+                await anyio.sleep(self._next_attempt(exc, attempt))
 
     async def _route(
         self, topic: str, partition: int | None, key: ShardingKey | None, refresh: bool

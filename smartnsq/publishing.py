@@ -10,6 +10,7 @@ doors (:class:`smartnsq.Producer`, :class:`smartnsq.sync.Producer`) send, wait a
 
 from __future__ import annotations
 
+import logging
 import random
 import ssl
 import struct
@@ -35,7 +36,9 @@ from smartnsq.errors import (
     MessageTooLarge,
     NoNsqdAvailable,
     NotSupported,
+    NSQError,
     NSQTimeout,
+    PartialPublish,
     Retry,
     ServerError,
 )
@@ -47,6 +50,8 @@ from smartnsq.protocol.handshake import ConnectionConfig, Features, parse_addres
 from smartnsq.protocol.message import PublishResult, decode_publish_response
 from smartnsq.protocol.names import validate_topic
 from smartnsq.trace import TraceSwitch, emit
+
+log = logging.getLogger("smartnsq.producer")
 
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024  # nsqd --max-msg-size default
 DEFAULT_MAX_BODY_SIZE = 5 * 1024 * 1024  # nsqd --max-body-size default
@@ -577,6 +582,20 @@ class ProducerCore(Generic[N]):
             return exc.fatal or exc.retry is Retry.AFTER_REFRESH
         return False
 
-    def _backoff(self, attempt: int) -> float:
-        """Seconds to wait before retry ``attempt`` (1, 2, ...)."""
+    def _next_attempt(self, exc: Exception, attempt: int) -> float:
+        """Retry ``attempt`` (1, 2, ...) after ``exc``: the seconds to wait first; raises
+        ``exc`` once ``max_retries`` are used up."""
+        if attempt > self.max_retries:
+            raise exc
+        log.info("publish failed (%s); retry %d of %d", exc, attempt, self.max_retries)
         return float(self.retry_backoff * 2.0 ** (attempt - 1) * random.uniform(1, 1.5))
+
+
+def batch_failed(exc: NSQError, done: int, total: int) -> NSQError:
+    """What a publish_many raises when a batch fails after ``done`` messages were
+    acknowledged: the error itself if none were, else :class:`PartialPublish`."""
+    if done == 0:
+        return exc
+    err = PartialPublish(f"published {done} of {total} messages, then a batch failed: {exc}", done)
+    err.__cause__ = exc
+    return err

@@ -23,6 +23,7 @@ from smartnsq.errors import (
     NSQError,
     NSQTimeout,
     ProtocolError,
+    closed_error,
     error_from_frame,
 )
 from smartnsq.protocol import commands
@@ -251,11 +252,7 @@ class SyncConnection:
     # -- closing ---------------------------------------------------------------------------------
 
     def _closed_error(self) -> ConnectionClosed:
-        reason = self.close_reason
-        text = f"connection to nsqd {self.address} is closed"
-        if reason is not None and str(reason) and str(reason) not in text:
-            text += f": {reason}"
-        return ConnectionClosed(text)
+        return closed_error(self.address, self.close_reason)
 
     def _fail(self, reason: BaseException) -> None:
         """The connection is over: every waiting request fails."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -11,13 +10,13 @@ from typing import Any
 
 import anyio
 
+from smartnsq._checks import FORKS
 from smartnsq.errors import (
     ConnectionClosed,
     InvalidArgument,
     NoNsqdAvailable,
     NSQError,
     NSQTimeout,
-    PartialPublish,
     ProtocolError,
     ServerError,
     UsedAfterFork,
@@ -31,6 +30,7 @@ from smartnsq.publishing import (
     NodeHealth,
     ProducerCore,
     Request,
+    batch_failed,
     check_server,
     timeout_error,
 )
@@ -73,7 +73,7 @@ class Producer(ProducerCore[_Node]):
             LookupManager(self._lookupds, cache_ttl=self._poll_interval) if self._lookupds else None
         )
         self._lookup_lock = threading.Lock()
-        self._pid = os.getpid()
+        self._forks = FORKS[0]
         self._closed = False
 
     def _new_node(self, address: str) -> _Node:
@@ -102,7 +102,7 @@ class Producer(ProducerCore[_Node]):
     def _check_usable(self) -> None:
         if self._closed:
             raise NSQError("this Producer is closed")
-        if os.getpid() != self._pid:
+        if self._forks != FORKS[0]:  # cheaper than os.getpid() on every publish
             raise UsedAfterFork(
                 "this Producer was created in the parent process and cannot be used after "
                 "fork(): its connections belong to the parent; create a new Producer in the child"
@@ -167,12 +167,7 @@ class Producer(ProducerCore[_Node]):
                     timeout,
                 )
             except NSQError as exc:
-                if done == 0:
-                    raise
-                raise PartialPublish(
-                    f"published {done} of {plan.total} messages, then a batch failed: {exc}",
-                    done,
-                ) from exc
+                raise batch_failed(exc, done, plan.total)  # noqa: B904 - it sets the cause
             result = self._result(topic, request, answer, address, part)
             if result is not None:
                 results.append(result)
@@ -225,12 +220,9 @@ class Producer(ProducerCore[_Node]):
                     self._forget(node, conn)
                 refresh = True
                 attempt += 1
-                if attempt > self.max_retries:
-                    raise
-                pause = self._backoff(attempt)
+                pause = self._next_attempt(exc, attempt)
                 if time.monotonic() + pause >= deadline:
                     raise timeout_error(limit) from exc
-                log.info("publish failed (%s); retry %d of %d", exc, attempt, self.max_retries)
                 time.sleep(pause)
 
     def _layout(self, topic: str, refresh: bool, deadline: float) -> TopicLayout:
