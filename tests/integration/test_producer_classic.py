@@ -362,3 +362,19 @@ async def test_unreachable_nsqd_raises(anyio_backend):
     async with Producer(["127.0.0.1:1"], timeout=2, max_retries=1) as producer:
         with pytest.raises(NSQError, match=r"127\.0\.0\.1:1\b"):
             await producer.publish("t", b"x")
+
+
+async def test_a_failed_later_batch_reports_how_many_were_published(cluster_factory, anyio_backend):
+    from smartnsq.errors import PartialPublish
+
+    cluster = cluster_factory("classic", nsqd_args=["--max-msg-size=500"])
+    nsqd = cluster.nsqd[0]
+    topic = unique("partial")
+    bodies = [b"s" * 100] * 5 + [b"B" * 600]  # the last batch is over nsqd's limit
+    async with Producer(
+        [nsqd.tcp], max_message_size=1000, max_body_size=1024, max_retries=0
+    ) as producer:
+        with pytest.raises(PartialPublish, match="published 5 of 6") as info:
+            await producer.publish_many(topic, bodies)
+        assert info.value.published == 5 and info.value.__cause__ is not None
+    assert topic_stats(nsqd.http, topic)["message_count"] == 5

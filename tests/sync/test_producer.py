@@ -20,6 +20,7 @@ from smartnsq.errors import (
     NotSupported,
     NSQError,
     NSQTimeout,
+    PartialPublish,
     UsedAfterFork,
 )
 from smartnsq.ordered import go_partition
@@ -249,3 +250,18 @@ def test_youzan_routing_by_key_and_traced_results(youzan_cluster):
         assert results is not None and [r.partition for r in results] == [1]
         with pytest.raises(NotSupported, match="DPUB"):
             producer.publish(topic, b"late", delay=1)
+
+
+def test_a_failed_later_batch_reports_how_many_were_published(cluster_factory):
+    cluster = cluster_factory("classic", nsqd_args=["--max-msg-size=500"])
+    nsqd = cluster.nsqd[0]
+    topic = unique("spartial")
+    bodies = [b"s" * 100] * 5 + [b"B" * 600]  # the last batch is over nsqd's limit
+    with Producer([nsqd.tcp], max_message_size=1000, max_body_size=1024, max_retries=0) as producer:
+        with pytest.raises(PartialPublish, match="published 5 of 6") as info:
+            producer.publish_many(topic, bodies)
+        assert info.value.__cause__ is not None
+        with pytest.raises(NSQError) as first:  # nothing acknowledged: the error itself
+            producer.publish_many(topic, [b"B" * 600])
+        assert not isinstance(first.value, PartialPublish)
+    assert stored(nsqd.http, topic) == 5
