@@ -316,7 +316,6 @@ class Consumer:
         # Plain def handlers run in threads; their outcomes come back through the inbox.
         self._pool: SyncPool | None = None
         self._inbox: Inbox | None = None
-        self._loop_thread = 0
         # Messages whose sync handler returned an awaitable that is being awaited.
         self._awaiting: set[Message] = set()
         self._fin_readers: dict[int, _Reader] = {}  # thread index -> reader its FINs are for
@@ -332,7 +331,9 @@ class Consumer:
         self._stopping = False
         self._draining: anyio.CancelScope | None = None  # stop()'s wait for running handlers
         self._started = False
-        self._thread: int | None = None  # owner thread and fork generation, set on start
+        # The thread whose event loop runs it (and the fork generation), set on start: the
+        # owner checks, and whether an answer must be carried over from a handler thread.
+        self._thread: int | None = None
         self._forks = FORKS[0]
         self._pulled: Message | None = None
         self._lookup = (
@@ -385,7 +386,6 @@ class Consumer:
             tg.cancel_scope.cancel()
 
     def _start_tasks(self, tg: anyio.abc.TaskGroup) -> None:
-        self._loop_thread = threading.get_ident()
         self._inbox = Inbox(self._on_inbox, partial(self._send_all_fins, in_task=False))
         tg.start_soon(self._inbox.run)
         if self._handler is not None and not self._async_handler:
@@ -761,7 +761,7 @@ class Consumer:
                 self._backoff_result(success=True)
 
     def _on_loop(self) -> bool:
-        return threading.get_ident() == self._loop_thread
+        return threading.get_ident() == self._thread
 
     def _touch_unless_answered(self, msg: Message) -> None:
         if not msg._responded:
@@ -769,7 +769,7 @@ class Consumer:
 
     def _from_anywhere(self, fn: Callable[..., None], *args: Any) -> None:
         """Call ``fn`` now on the loop's thread, or carry it over there from another one."""
-        if threading.get_ident() == self._loop_thread:
+        if threading.get_ident() == self._thread:
             fn(*args)
             return
         inbox = self._inbox
