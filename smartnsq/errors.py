@@ -25,6 +25,7 @@ __all__ = [
     "BadTopic",
     "ConnectFailed",
     "ConnectionClosed",
+    "DataLoss",
     "ExtNotSupported",
     "FinFailed",
     "IdentifyFailed",
@@ -93,6 +94,10 @@ class MessageTooLarge(InvalidArgument):
 
 class NotSupported(NSQError):
     """The server (or its kind) does not support the requested feature."""
+
+
+class DataLoss(NSQError):
+    """Messages to be read (by offset) are no longer retained by the server."""
 
 
 class WrongEventLoop(NSQError, RuntimeError):

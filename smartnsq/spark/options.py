@@ -21,6 +21,9 @@ from smartnsq.errors import InvalidArgument, InvalidType, NSQError
 from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.protocol.names import validate_channel, validate_topic
 
+if typing.TYPE_CHECKING:
+    from smartnsq.spark.offsets_plan import Spec
+
 PASSTHROUGH = "nsq."
 
 # Options Spark itself may add to a data source's options; they are not ours to check.
@@ -36,7 +39,16 @@ READ_OPTIONS = (
     "idleTimeoutMs",
     "pollTimeoutMs",
     "touchIntervalMs",
+    # Youzan partitioned topics (see smartnsq.spark.youzan_reader)
+    "clusterKind",
+    "startingOffsets",
+    "endingOffsets",
+    "maxOffsetsPerTrigger",
+    "failOnDataLoss",
 )
+# Options that only a replayable (Youzan partitioned) topic can honour.
+OFFSET_OPTIONS = ("startingOffsets", "endingOffsets", "maxOffsetsPerTrigger", "failOnDataLoss")
+CLUSTER_KINDS = ("auto", "classic", "youzan")
 
 # Keyword arguments that the data source sets itself, or that need a Python object.
 _NOT_PASSED = frozenset(
@@ -59,6 +71,8 @@ DEFAULT_MAX_PER_TRIGGER = 10_000
 DEFAULT_MAX_MESSAGES = 100_000
 DEFAULT_IDLE_TIMEOUT_MS = 2_000
 DEFAULT_POLL_TIMEOUT_MS = 100
+# Youzan reads: each task reads through a channel of its own, named after this prefix.
+DEFAULT_CHANNEL_PREFIX = "spark"
 
 
 @dataclass(frozen=True)
@@ -77,6 +91,12 @@ class Settings:
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT_MS / 1000
     poll_timeout: float = DEFAULT_POLL_TIMEOUT_MS / 1000
     touch_interval: float | None = None
+    cluster_kind: str = "auto"
+    starting_offsets: Spec | None = field(default=None, compare=False)
+    ending_offsets: Spec | None = field(default=None, compare=False)
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    offset_options: tuple[str, ...] = ()  # which of OFFSET_OPTIONS were given
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 
     def addresses(self) -> dict[str, Any]:
@@ -272,12 +292,12 @@ def parse(options: Mapping[str, str], *, reading: bool, client: type) -> Setting
     if reading:
         if topic is None:
             raise InvalidArgument("set option 'topic': the topic to read")
-        if channel is None:
-            raise InvalidArgument("set option 'channel': the channel to consume")
-        try:
-            validate_channel(channel)
-        except NSQError as exc:
-            raise InvalidArgument(f"option 'channel': {exc}") from None
+        # A channel is required on classic clusters only: see require_channel.
+        if channel is not None:
+            try:
+                validate_channel(channel)
+            except NSQError as exc:
+                raise InvalidArgument(f"option 'channel': {exc}") from None
     settings = Settings(
         nsqd=nsqd,
         lookupd=lookupd,
@@ -286,6 +306,7 @@ def parse(options: Mapping[str, str], *, reading: bool, client: type) -> Setting
         client=tuple(sorted(client_kwargs.items())),
         extra=extra,
         **_tuning(values),
+        **(_offsets(values, topic) if reading and topic is not None else {}),
     )
     _check_client(settings, client)
     return settings
@@ -313,11 +334,45 @@ def _tuning(values: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+def _offsets(values: dict[str, str], topic: str) -> dict[str, Any]:
+    from smartnsq.spark.offsets_plan import parse_spec
+
+    out: dict[str, Any] = {
+        "offset_options": tuple(o for o in OFFSET_OPTIONS if o in values),
+    }
+    kind = values.get("clusterKind", "auto").strip().lower()
+    if kind not in CLUSTER_KINDS:
+        raise InvalidArgument(
+            f"option 'clusterKind' must be one of {', '.join(CLUSTER_KINDS)}, "
+            f"not {values['clusterKind']!r}"
+        )
+    out["cluster_kind"] = kind
+    for option, name, ending in (
+        ("startingOffsets", "starting_offsets", False),
+        ("endingOffsets", "ending_offsets", True),
+    ):
+        if option in values:
+            out[name] = parse_spec(option, values[option], topic, ending=ending)
+    if "maxOffsetsPerTrigger" in values:
+        out["max_offsets_per_trigger"] = _positive_int(
+            "maxOffsetsPerTrigger", values["maxOffsetsPerTrigger"]
+        )
+    if "failOnDataLoss" in values:
+        out["fail_on_data_loss"] = parse_bool("failOnDataLoss", values["failOnDataLoss"])
+    return out
+
+
+def require_channel(settings: Settings) -> None:
+    """Reading a classic cluster consumes a channel: the user must name it."""
+    if settings.channel is None:
+        raise InvalidArgument("set option 'channel': the channel to consume")
+
+
 def _check_client(settings: Settings, client: type) -> None:
     """Build (never start) the client once, so that its own checks run now, on the driver."""
     args: tuple[str, ...] = ()
-    if settings.channel is not None:
-        args = (settings.topic or "", settings.channel)
+    if "channel" in inspect.signature(client).parameters:  # a Consumer
+        args = (settings.topic or "", settings.channel or DEFAULT_CHANNEL_PREFIX)
     try:
         client(*args, **settings.client_kwargs())
     except (InvalidArgument, InvalidType) as exc:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pyspark.errors import PySparkNotImplementedError
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
+    DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
     SimpleDataSourceStreamReader,
@@ -46,11 +48,22 @@ class NsqDataSource(DataSource):
 
     def _read_settings(self, schema: StructType) -> Settings:
         from smartnsq.consumer import Consumer
+        from smartnsq.spark.kind import check_kind
         from smartnsq.spark.options import parse
         from smartnsq.spark.reader import check_schema
 
         check_schema(schema)
-        return parse(self.options, reading=True, client=Consumer)
+        settings = parse(self.options, reading=True, client=Consumer)
+        # Asked of lookupd once, then kept: the instance travels pickled to the readers.
+        replayable: bool | None = getattr(self, "_replayable", None)
+        if replayable is None:
+            replayable = check_kind(settings)
+            self._replayable = replayable
+        return settings
+
+    def _replayable_read(self, schema: StructType) -> tuple[Settings, bool]:
+        settings = self._read_settings(schema)
+        return settings, bool(self._replayable)
 
     def _write_settings(self) -> Settings:
         from smartnsq.producer import Producer
@@ -59,9 +72,26 @@ class NsqDataSource(DataSource):
         return parse(self.options, reading=False, client=Producer)
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        settings, replayable = self._replayable_read(schema)
+        if replayable:
+            from smartnsq.spark.youzan_reader import YouzanBatchReader
+
+            return YouzanBatchReader(settings, schema)
         from smartnsq.spark.reader import NsqBatchReader
 
-        return NsqBatchReader(self._read_settings(schema), schema)
+        return NsqBatchReader(settings, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        settings, replayable = self._replayable_read(schema)
+        if not replayable:  # Spark then asks simpleStreamReader for the classic source
+            raise PySparkNotImplementedError(
+                errorClass="NOT_IMPLEMENTED", messageParameters={"feature": "streamReader"}
+            )
+        from smartnsq.spark.kind import check_stream
+        from smartnsq.spark.youzan_reader import YouzanStreamReader
+
+        check_stream(settings)
+        return YouzanStreamReader(settings, schema)
 
     def simpleStreamReader(self, schema: StructType) -> SimpleDataSourceStreamReader:
         from smartnsq.spark.reader import NsqStreamReader

@@ -1,0 +1,155 @@
+"""Offsets of a Youzan topic as Spark keeps them: ``{"<topic>": {"<partition>": <offset>}}``.
+
+An offset is a queue offset (the unit of ``Message.offset``), and a range ``[start, end)``
+holds the messages whose offset is in it. Spark stores these dicts in the checkpoint; this
+module parses the user's ``startingOffsets``/``endingOffsets``, resolves them against the
+partitions' current offsets and spreads a per-trigger limit over the partitions.
+
+This module does not import pyspark.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from smartnsq.errors import DataLoss, InvalidArgument
+from smartnsq.spark.youzan import PartitionInfo
+
+log = logging.getLogger("smartnsq.spark")
+
+EARLIEST, LATEST = -2, -1  # as in Kafka's JSON offsets
+
+Spec = Literal["earliest", "latest"] | dict[int, int]
+Offsets = dict[int, int]
+
+
+def parse_spec(option: str, value: str, topic: str, *, ending: bool) -> Spec:
+    """``earliest``, ``latest`` or ``{"<topic>": {"<partition>": <offset>}}``, checked."""
+    text = value.strip()
+    if text.lower() in ("earliest", "latest"):
+        word = text.lower()
+        if ending and word == "earliest":
+            raise InvalidArgument(f"option {option!r} cannot be 'earliest': use 'latest' or JSON")
+        return "earliest" if word == "earliest" else "latest"
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise InvalidArgument(
+            f"option {option!r} must be earliest, latest or JSON like "
+            f'{{"{topic}": {{"0": 42}}}}, not {value!r}'
+        ) from None
+    if not isinstance(data, dict) or set(data) != {topic}:
+        raise InvalidArgument(
+            f"option {option!r} must be a JSON object with the one key {topic!r} (the topic "
+            f'read), like {{{json.dumps(topic)}: {{"0": 42}}}}, not {value!r}'
+        )
+    per = data[topic]
+    if not isinstance(per, dict) or not per:
+        raise InvalidArgument(
+            f"option {option!r}: {topic!r} must map partition numbers to offsets, not {per!r}"
+        )
+    out: dict[int, int] = {}
+    for key, offset in per.items():
+        if not key.isdigit():
+            raise InvalidArgument(f"option {option!r}: partition {key!r} is not a number")
+        lowest = LATEST if ending else EARLIEST
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < lowest:
+            meaning = "-1 (latest)" if ending else "-2 (earliest), -1 (latest)"
+            raise InvalidArgument(
+                f"option {option!r}: the offset of partition {key} must be a queue offset "
+                f">= 0 or {meaning}, not {offset!r}"
+            )
+        out[int(key)] = offset
+    return out
+
+
+def resolve(option: str, spec: Spec, infos: Sequence[PartitionInfo]) -> Offsets:
+    """Per-partition queue offsets for ``spec`` now; an error names ``option``."""
+    known = {i.partition: i for i in infos}
+    if spec == "earliest":
+        return {p: i.earliest for p, i in known.items()}
+    if spec == "latest":
+        return {p: i.end for p, i in known.items()}
+    unknown = sorted(set(spec) - set(known))
+    if unknown:
+        raise InvalidArgument(
+            f"option {option!r} names partition(s) {unknown} that topic "
+            f"{infos[0].topic!r} does not have (it has {sorted(known)})"
+        )
+    missing = sorted(set(known) - set(spec))
+    if missing:
+        raise InvalidArgument(
+            f"option {option!r} gives no offset for partition(s) {missing} of topic "
+            f"{infos[0].topic!r}: give every partition (-2 earliest, -1 latest)"
+        )
+    out: Offsets = {}
+    for p, offset in spec.items():
+        info = known[p]
+        if offset == EARLIEST:
+            out[p] = info.earliest
+        elif offset == LATEST:
+            out[p] = info.end
+        elif offset > info.end:
+            raise InvalidArgument(
+                f"option {option!r}: offset {offset} of partition {p} is past its end ({info.end})"
+            )
+        else:
+            out[p] = offset
+    return out
+
+
+def check_retained(
+    start: Offsets, infos: Sequence[PartitionInfo], fail_on_data_loss: bool
+) -> Offsets:
+    """``start`` with every offset below what nsqd still retains raised to the earliest
+    retained one, or :class:`DataLoss` if ``fail_on_data_loss``."""
+    out = dict(start)
+    for info in infos:
+        offset = start.get(info.partition)
+        if offset is None or offset >= info.earliest:
+            continue
+        text = (
+            f"partition {info.partition} of topic {info.topic!r}: offsets {offset} to "
+            f"{info.earliest} are no longer retained by nsqd"
+        )
+        if fail_on_data_loss:
+            raise DataLoss(f"{text}; set failOnDataLoss=false to skip them")
+        log.warning("%s; skipped (failOnDataLoss=false)", text)
+        out[info.partition] = info.earliest
+    return out
+
+
+def spread(
+    max_messages: int, start: Offsets, end: Offsets, infos: Sequence[PartitionInfo]
+) -> Offsets:
+    """``end`` cut so that about ``max_messages`` messages are read in all, shared among the
+    partitions in proportion to their backlog. A message is counted as the partition's
+    average stored size, so the cut is exact for messages of one size."""
+    per = {i.partition: i.offsets_per_message() for i in infos}
+    backlog = {p: max(0, e - start.get(p, e)) / per.get(p, 1.0) for p, e in end.items()}
+    total = sum(backlog.values())
+    if total <= max_messages:
+        return dict(end)
+    out = dict(end)
+    for p, messages in backlog.items():
+        if not messages:
+            continue
+        share = max(1, int(max_messages * messages / total))
+        out[p] = min(end[p], start[p] + round(share * per.get(p, 1.0)))
+    return out
+
+
+def to_spark(topic: str, offsets: Mapping[int, int]) -> dict[str, dict[str, int]]:
+    return {topic: {str(p): int(o) for p, o in sorted(offsets.items())}}
+
+
+def from_spark(topic: str, data: Mapping[str, Mapping[str, int]]) -> Offsets:
+    if topic not in data:
+        raise InvalidArgument(
+            f"the checkpoint holds offsets of topic(s) {sorted(data)}, not of {topic!r}: "
+            "a checkpoint belongs to one query; use a new checkpointLocation"
+        )
+    return {int(p): int(o) for p, o in data[topic].items()}

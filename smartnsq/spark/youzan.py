@@ -1,0 +1,157 @@
+"""What the Spark source needs to know about a Youzan partitioned topic, over plain HTTP.
+
+The driver asks lookupd where each partition's leader is and the leader's ``/stats`` for the
+partition's queue offsets. A task reads a range through a channel of its own (see
+:mod:`smartnsq.spark.range_read`), made and removed here with the nsqd channel endpoints.
+
+This module does not import pyspark.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from smartnsq.errors import LookupFailed, NotSupported, NSQError, TopicNotFound
+from smartnsq.lookup.client import ACCEPT
+from smartnsq.lookup.model import TopicLayout, loads, parse_lookup
+
+log = logging.getLogger("smartnsq.spark")
+
+HTTP_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """One partition as its leader reports it (the fields of ``smartnsq.PartitionOffsets``
+    that the source uses, plus the topic's kind)."""
+
+    topic: str
+    partition: int
+    nsqd: str  # TCP address of the leader
+    http: str  # HTTP address of the leader
+    earliest: int  # queue offset of the earliest retained message
+    end: int  # queue offset just past the last message
+    end_count: int  # messages ever written to the partition
+    ext: bool
+    ordered: bool
+
+    def offsets_per_message(self) -> float:
+        """The partition's average stored message size in queue offsets (at least 1)."""
+        return max(1.0, self.end / self.end_count) if self.end_count else 1.0
+
+
+def _get(url: str, params: dict[str, str]) -> tuple[int, Any]:
+    try:
+        r = httpx.get(url, params=params, headers=ACCEPT, timeout=HTTP_TIMEOUT)
+    except httpx.HTTPError as exc:
+        raise LookupFailed(f"{url} unreachable: {exc!r}") from exc
+    try:
+        return r.status_code, loads(r.content) if r.content else None
+    except ValueError:
+        return r.status_code, None
+
+
+def topic_layout(lookupd: tuple[str, ...], topic: str) -> TopicLayout | None:
+    """The topic as the first answering lookupd sees it; None where lookupd does not know it
+    (classic lookupd answers 404; the fork answers with no partitions)."""
+    last: Exception | None = None
+    for base in lookupd:
+        try:
+            status, body = _get(
+                f"{base}/lookup", {"topic": topic, "access": "r", "metainfo": "true"}
+            )
+        except LookupFailed as exc:
+            last = exc
+            continue
+        if status == 404 or (status == 500 and "TOPIC_NOT_FOUND" in str(body)):
+            return None
+        if status != 200 or body is None:
+            last = LookupFailed(f"lookupd {base} answered HTTP {status} for topic {topic!r}")
+            continue
+        layout = parse_lookup(body)
+        return layout if layout.producers or layout.partitions else None
+    raise LookupFailed(f"no lookupd answered for topic {topic!r}: {last}")
+
+
+def partitions(lookupd: tuple[str, ...], topic: str) -> list[PartitionInfo]:
+    """Every partition of ``topic`` with its leader's current queue offsets."""
+    layout = topic_layout(lookupd, topic)
+    if layout is None or not layout.partitions:
+        raise TopicNotFound(f"lookupd knows no partitions of topic {topic!r}")
+    stats: dict[str, dict[int, dict[str, Any]]] = {}
+    out = []
+    for number, node in sorted(layout.partitions.items()):
+        http = f"{node.broadcast_address}:{node.http_port}"
+        if http not in stats:
+            stats[http] = _partition_stats(http, topic)
+        found = stats[http].get(number)
+        if found is None:
+            raise LookupFailed(
+                f"nsqd {http}, the leader of partition {number} of {topic!r} by lookupd, "
+                "does not lead it (a leader change under way?): try again"
+            )
+        ordered = bool(found.get("is_multi_ordered"))
+        if ordered:
+            raise NotSupported(
+                f"topic {topic!r} is ordered: reading it by offsets is not supported yet"
+            )
+        out.append(
+            PartitionInfo(
+                topic=topic,
+                partition=number,
+                nsqd=node.tcp_address,
+                http=http,
+                earliest=int(found.get("backend_start") or 0),
+                end=int(found.get("backend_depth") or 0),
+                end_count=int(found.get("message_count") or 0),
+                ext=bool(found.get("is_ext")),
+                ordered=ordered,
+            )
+        )
+    return out
+
+
+def _partition_stats(http: str, topic: str) -> dict[int, dict[str, Any]]:
+    status, body = _get(f"http://{http}/stats", {"format": "json", "topic": topic})
+    if status != 200 or not isinstance(body, dict):
+        raise LookupFailed(f"nsqd {http} answered /stats with HTTP {status}")
+    data = body.get("data", body)  # 0.x envelope
+    found: dict[int, dict[str, Any]] = {}
+    for t in data.get("topics") or []:
+        if t.get("topic_name") == topic and t.get("is_leader", True):
+            found[int(t.get("topic_partition", -1))] = t
+    return found
+
+
+def _post(http: str, path: str, params: dict[str, str], body: bytes = b"") -> None:
+    url = f"http://{http}{path}?{urllib.parse.urlencode(params)}"
+    try:
+        r = httpx.post(url, content=body, headers=ACCEPT, timeout=HTTP_TIMEOUT)
+    except httpx.HTTPError as exc:
+        raise LookupFailed(f"nsqd {http}: {path} failed: {exc!r}") from exc
+    if r.status_code != 200:
+        raise LookupFailed(f"nsqd {http}: {path} answered HTTP {r.status_code}: {r.text[:200]}")
+
+
+def open_channel(info: PartitionInfo, channel: str, start: int) -> None:
+    """Create ``channel`` on the partition leader, its cursor at the first message whose
+    queue offset is >= ``start``."""
+    params = {"topic": info.topic, "partition": str(info.partition), "channel": channel}
+    _post(info.http, "/channel/create", params)
+    # virtual_queue:<n> puts the cursor on the first message at or after n, n need not be a
+    # message boundary (checked against the fork, which has no documentation for it).
+    _post(info.http, "/channel/setoffset", params, f"virtual_queue:{start}".encode())
+
+
+def delete_channel(info: PartitionInfo, channel: str) -> None:
+    """Remove ``channel``; a failure is logged, never raised (the rows are already read)."""
+    params = {"topic": info.topic, "partition": str(info.partition), "channel": channel}
+    try:
+        _post(info.http, "/channel/delete", params)
+    except NSQError as exc:
+        log.warning("could not delete channel %s of %s: %s", channel, info.topic, exc)

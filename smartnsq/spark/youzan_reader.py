@@ -1,0 +1,156 @@
+"""Reading a Youzan partitioned topic by queue offsets: replayable, like Spark's Kafka source.
+
+Offsets are ``{"<topic>": {"<partition>": <queue offset>}}`` and live only in Spark's
+checkpoint; nothing is committed to nsqd. Each task reads one partition's range
+``[start, end)`` from the partition leader through a channel of its own
+(:mod:`smartnsq.spark.range_read`), so a re-run micro-batch reads the same rows again and no
+other consumer of the topic is disturbed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from smartnsq.consumer import Consumer
+from smartnsq.protocol.handshake import ConnectionConfig
+from smartnsq.spark import offsets_plan as plan
+from smartnsq.spark import youzan
+from smartnsq.spark.options import DEFAULT_CHANNEL_PREFIX, Settings
+from smartnsq.spark.range_read import read_range
+from smartnsq.spark.youzan import PartitionInfo
+
+OffsetDict = dict[str, dict[str, int]]
+
+
+@dataclass
+class RangePartition(InputPartition):
+    """One task: the messages of ``info.partition`` with ``start <= offset < end``."""
+
+    info: PartitionInfo
+    start: int
+    end: int
+
+
+def connection_config(settings: Settings) -> ConnectionConfig:
+    """The connection settings (TLS, auth, timeouts...) the ``nsq.*`` options give a Consumer."""
+    assert settings.topic is not None
+    consumer = Consumer(
+        settings.topic, settings.channel or DEFAULT_CHANNEL_PREFIX, **settings.client_kwargs()
+    )
+    return dataclasses.replace(consumer._config)
+
+
+def _infos(settings: Settings) -> list[PartitionInfo]:
+    assert settings.topic is not None
+    return youzan.partitions(settings.lookupd, settings.topic)
+
+
+class _RangeReads:
+    settings: Settings
+    schema: StructType
+
+    def _ranges(
+        self, start: plan.Offsets, end: plan.Offsets, infos: Sequence[PartitionInfo]
+    ) -> list[InputPartition]:
+        known = {i.partition: i for i in infos}
+        start = plan.check_retained(start, infos, self.settings.fail_on_data_loss)
+        return [
+            RangePartition(known[p], start[p], e)
+            for p, e in sorted(end.items())
+            if p in known and e > start.get(p, e)
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        yield from read_range(
+            partition.info,
+            partition.start,
+            partition.end,
+            connection_config(self.settings),
+            self.settings.channel or DEFAULT_CHANNEL_PREFIX,
+            to_arrow_schema(self.schema, timezone="UTC"),
+        )
+
+
+class YouzanBatchReader(_RangeReads, DataSourceReader):
+    """``spark.read``: the rows between ``startingOffsets`` (default earliest) and
+    ``endingOffsets`` (default latest), resolved when the query is planned."""
+
+    def __init__(self, settings: Settings, schema: StructType) -> None:
+        self.settings = settings
+        self.schema = schema
+
+    def partitions(self) -> list[InputPartition]:
+        infos = _infos(self.settings)
+        start = plan.resolve("startingOffsets", self.settings.starting_offsets or "earliest", infos)
+        end = plan.resolve("endingOffsets", self.settings.ending_offsets or "latest", infos)
+        return self._ranges(start, end, infos)
+
+
+class YouzanStreamReader(_RangeReads, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream``: micro-batches of offset ranges, replayed exactly after a restart.
+
+    ``maxOffsetsPerTrigger`` caps the messages of a micro-batch (see
+    :func:`~smartnsq.spark.offsets_plan.spread`); ``availableNow`` reads up to the ends seen
+    when the query started. Partitions that appear later start at their earliest offset.
+    """
+
+    def __init__(self, settings: Settings, schema: StructType) -> None:
+        self.settings = settings
+        self.schema = schema
+        self._target: plan.Offsets | None = None  # availableNow: stop here
+
+    @property
+    def _topic(self) -> str:
+        assert self.settings.topic is not None
+        return self.settings.topic
+
+    def initialOffset(self) -> OffsetDict:
+        # Only for a new query: a restarted one resumes from its checkpoint.
+        infos = _infos(self.settings)
+        start = plan.resolve("startingOffsets", self.settings.starting_offsets or "latest", infos)
+        return plan.to_spark(
+            self._topic, plan.check_retained(start, infos, self.settings.fail_on_data_loss)
+        )
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.settings.max_offsets_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {i.partition: i.end for i in _infos(self.settings)}
+
+    def latestOffset(self, start: OffsetDict, limit: ReadLimit) -> OffsetDict:
+        infos = _infos(self.settings)
+        begin = {i.partition: i.earliest for i in infos}
+        begin.update(plan.from_spark(self._topic, start))
+        begin = plan.check_retained(begin, infos, self.settings.fail_on_data_loss)
+        end = {i.partition: max(begin[i.partition], i.end) for i in infos}
+        if self._target is not None:
+            end = {p: max(begin[p], min(e, self._target.get(p, begin[p]))) for p, e in end.items()}
+        if isinstance(limit, ReadMaxRows):
+            end = plan.spread(limit.max_rows, begin, end, infos)
+        return plan.to_spark(self._topic, end)
+
+    def partitions(self, start: OffsetDict, end: OffsetDict) -> list[InputPartition]:
+        infos = _infos(self.settings)
+        first = {i.partition: i.earliest for i in infos}
+        first.update(plan.from_spark(self._topic, start))
+        return self._ranges(first, plan.from_spark(self._topic, end), infos)
+
+    def commit(self, end: OffsetDict) -> None:
+        # Progress is Spark's checkpoint alone: nothing to tell nsqd.
+        pass

@@ -1,0 +1,218 @@
+"""spark.readStream / spark.read of a Youzan partitioned topic by offsets (real cluster)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+
+from compat.youzan import create_topic
+from smartnsq import Producer
+from tests.helpers import http_json, lookupds, unique, wait_for
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 3
+
+
+def new_topic(cluster: Any, prefix: str) -> tuple[str, dict[int, str]]:
+    """A topic with PARTITIONS partitions (and channel "ch"); the HTTP address of each leader."""
+    topic = unique(prefix)
+    info = create_topic(cluster, topic, partitions=PARTITIONS, channel="ch", multipart=True)
+    leaders = {
+        int(p): f"{n['broadcast_address']}:{n['http_port']}" for p, n in info["partitions"].items()
+    }
+    return topic, leaders
+
+
+def publish(cluster: Any, topic: str, tag: str, per_partition: int) -> set[bytes]:
+    """``per_partition`` messages of one size into every partition; their bodies."""
+    bodies = {
+        p: [b"%s-p%d-%04d" % (tag.encode(), p, i) for i in range(per_partition)]
+        for p in range(PARTITIONS)
+    }
+
+    async def go() -> None:
+        async with Producer(lookupd_http_addresses=lookupds(cluster)) as producer:
+            for p, batch in bodies.items():
+                await producer.publish_many(topic, batch, partition=p)
+
+    anyio.run(go)
+    return {b for batch in bodies.values() for b in batch}
+
+
+def stream(spark: Any, cluster: Any, topic: str, **options: Any) -> Any:
+    reader = spark.readStream.format("nsq").option("lookupd", lookupds(cluster)[0])
+    reader = reader.option("topic", topic)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load()
+
+
+def batch(spark: Any, cluster: Any, topic: str, **options: Any) -> Any:
+    reader = spark.read.format("nsq").option("lookupd", lookupds(cluster)[0])
+    reader = reader.option("topic", topic)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load()
+
+
+def values(rows: list[Any]) -> list[bytes]:
+    return [bytes(r.value) for r in rows]
+
+
+def test_restarted_stream_reads_exactly_what_it_had_not(
+    spark: Any, youzan_cluster: Any, tmp_path: Any
+) -> None:
+    topic, _ = new_topic(youzan_cluster, "sy_restart")
+    first = publish(youzan_cluster, topic, "a", 30)
+    out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
+
+    def run() -> Any:
+        query = (
+            stream(
+                spark, youzan_cluster, topic, startingOffsets="earliest", maxOffsetsPerTrigger=20
+            )
+            .writeStream.format("parquet")
+            .option("path", out)
+            .option("checkpointLocation", ckpt)
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(180)
+        assert query.exception() is None
+        return query
+
+    query = run()
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    # maxOffsetsPerTrigger: every micro-batch at most 20 rows, so at least 5 of them.
+    assert max(sizes) <= 20 and len(sizes) >= 5 and sum(sizes) == len(first)
+    rows = spark.read.parquet(out).collect()
+    assert sorted(values(rows)) == sorted(first)
+
+    second = publish(youzan_cluster, topic, "b", 25)
+    run()
+    rows = spark.read.parquet(out).collect()
+    assert sorted(values(rows)) == sorted(first | second)  # no loss, no duplicate
+    assert len({(r.partition, r.offset) for r in rows}) == len(rows)
+    row = rows[0]
+    assert row.topic == topic and row.partition in range(PARTITIONS) and row.offset >= 0
+    assert row.attempts == 1 and len(row.id) == 32 and row.timestamp is not None
+    assert row.nsqd and row.headers == {} and row.trace_id == 0
+
+
+def test_stream_from_json_offsets(spark: Any, youzan_cluster: Any) -> None:
+    topic, _ = new_topic(youzan_cluster, "sy_json")
+    publish(youzan_cluster, topic, "j", 10)
+    everything = batch(spark, youzan_cluster, topic).collect()
+    by_part = {
+        p: sorted((r.offset, bytes(r.value)) for r in everything if r.partition == p)
+        for p in range(PARTITIONS)
+    }
+    assert all(len(v) == 10 for v in by_part.values())
+    fourth = by_part[0][3][0]
+    start = json.dumps({topic: {"0": fourth, "1": -2, "2": -1}})
+    name = unique("sy_json_q")
+    query = (
+        stream(spark, youzan_cluster, topic, startingOffsets=start)
+        .writeStream.format("memory")
+        .queryName(name)
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180) and query.exception() is None
+    got = sorted(values(spark.sql(f"SELECT value FROM {name}").collect()))
+    expected = [v for _, v in by_part[0][3:]] + [v for _, v in by_part[1]]
+    assert got == sorted(expected)
+
+
+def test_stream_from_latest_reads_only_newer_messages(spark: Any, youzan_cluster: Any) -> None:
+    topic, _ = new_topic(youzan_cluster, "sy_latest")
+    publish(youzan_cluster, topic, "old", 5)
+    name = unique("sy_latest_q")
+    query = (
+        stream(spark, youzan_cluster, topic)  # startingOffsets defaults to latest
+        .writeStream.format("memory")
+        .queryName(name)
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        # The first trigger has run, so the starting offsets are fixed.
+        wait_for(lambda: query.status["message"] != "Initializing sources", timeout=120)
+        wait_for(lambda: query.lastProgress is not None, timeout=120, what="a first trigger")
+        new = publish(youzan_cluster, topic, "new", 7)
+        wait_for(
+            lambda: spark.sql(f"SELECT count(*) AS n FROM {name}").first().n >= len(new),
+            timeout=120,
+            what="the new messages",
+        )
+        got = values(spark.sql(f"SELECT value FROM {name}").collect())
+    finally:
+        query.stop()
+    assert sorted(got) == sorted(new)
+
+
+def test_batch_read_of_a_range_leaves_other_channels_alone(spark: Any, youzan_cluster: Any) -> None:
+    topic, leaders = new_topic(youzan_cluster, "sy_batch")
+    publish(youzan_cluster, topic, "r", 10)
+    everything = batch(spark, youzan_cluster, topic).collect()  # earliest to latest
+    assert len(everything) == 10 * PARTITIONS
+    offsets = {p: sorted(r.offset for r in everything if r.partition == p) for p in leaders}
+    start = {"0": offsets[0][2], "1": offsets[1][0], "2": offsets[2][9]}
+    end = {"0": offsets[0][5], "1": -1, "2": -1}
+    rows = batch(
+        spark,
+        youzan_cluster,
+        topic,
+        startingOffsets=json.dumps({topic: start}),
+        endingOffsets=json.dumps({topic: end}),
+    ).collect()
+    got = sorted((r.partition, r.offset) for r in rows)
+    expected = [(0, o) for o in offsets[0][2:5]] + [(1, o) for o in offsets[1]]
+    assert got == sorted([*expected, (2, offsets[2][9])])
+    # Every partition's "ch" is where it was, and the reads' own channels are gone.
+    for http in set(leaders.values()):
+        stats = http_json(f"http://{http}/stats?format=json&topic={topic}")
+        for t in stats["topics"]:
+            assert [
+                (c["channel_name"], c["depth"], c["in_flight_count"]) for c in t["channels"]
+            ] == [("ch", 10, 0)]
+
+
+def failure(action: Any) -> str:
+    with pytest.raises(Exception) as info:
+        action()
+    return str(info.value)
+
+
+def test_bad_offset_options_fail_at_planning(
+    spark: Any, youzan_cluster: Any, classic_cluster: Any
+) -> None:
+    topic, _ = new_topic(youzan_cluster, "sy_bad")
+    text = failure(lambda: stream(spark, youzan_cluster, topic, startingOffsets="{oops"))
+    assert "InvalidArgument" in text and "option 'startingOffsets' must be earliest" in text
+    text = failure(
+        lambda: stream(spark, youzan_cluster, topic, startingOffsets=json.dumps({topic: {"7": 0}}))
+    )
+    assert "option 'startingOffsets' names partition(s) [7]" in text
+    text = failure(
+        lambda: batch(spark, youzan_cluster, topic, endingOffsets=json.dumps({"other": {"0": 1}}))
+    )
+    assert "option 'endingOffsets' must be a JSON object with the one key" in text
+    text = failure(lambda: stream(spark, youzan_cluster, topic, maxOffsetsPerTrigger="lots"))
+    assert "option 'maxOffsetsPerTrigger' must be a whole number" in text
+    nsqd = classic_cluster.nsqd[0]
+    text = failure(
+        lambda: (
+            spark.readStream.format("nsq")
+            .option("nsqd", nsqd.tcp)
+            .option("topic", "t")
+            .option("channel", "c")
+            .option("startingOffsets", "earliest")
+            .load()
+        )
+    )
+    assert "option 'startingOffsets' needs a Youzan partitioned topic" in text
