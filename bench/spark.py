@@ -1,6 +1,6 @@
 """Spark benchmark: the nsq data source against smartnsq used directly, on one real nsqd.
 
-    python -m bench.spark [--rounds 3] [--quick] [--n 1000000]
+    python -m bench.spark [--rounds 3] [--quick] [--n 1000000] [--only youzan]
 
 Workloads (100-byte bodies, one classic nsqd v1.3.0 on 127.0.0.1, Spark local[2]):
   write   df.write.format("nsq") of N rows from a cached DataFrame in 2 partitions,
@@ -9,6 +9,12 @@ Workloads (100-byte bodies, one classic nsqd v1.3.0 on 127.0.0.1, Spark local[2]
   read    spark.readStream.format("nsq") with trigger(availableNow=True) into the noop sink,
           draining N messages from one channel, against a smartnsq Consumer draining the
           same N messages from a second channel of the same topic. Target: >= 0.5x.
+  youzan  a Youzan HA cluster (etcd, 1 nsqlookupd, 2 nsqd; 4-partition topic, replica 1,
+          N messages spread evenly): spark.readStream.format("nsq") by offsets from
+          earliest, availableNow, into the noop sink (all partitions), against a smartnsq
+          Consumer draining channel "plain" (made before the data, so it holds the same N
+          messages) through lookupd. Both timed from start to the last message, start-up
+          included. Target: >= 1.0x.
 
 Each round runs every measurement once; the best round counts. Raw results go to
 bench/results/spark-<time>.json and a Markdown summary is printed.
@@ -94,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     c.runner_arguments(ap, rounds=3, quick_help="200,000 messages, one round")
     ap.add_argument("--n", type=int, default=None)
+    ap.add_argument("--only", choices=("classic", "youzan"), default=None)
     a = c.parse_runner_arguments(ap, argv)
     n = a.n or (200_000 if a.quick else 1_000_000)
     _, out, data = c.new_results(
@@ -114,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             "topic", "warmup"
         ).save()
         nsqd.delete_topic("warmup")
-        for r in range(a.rounds):
+        for r in range(a.rounds if a.only != "youzan" else 0):
             # write: Spark sink
             topic = f"spark_w{r}"
             started = time.perf_counter()
@@ -167,9 +174,91 @@ def main(argv: list[str] | None = None) -> int:
             secs = plain_consume(nsqd, topic, "plain", n)
             record(data, out, "read", "Consumer", n, secs, True, n)
             nsqd.delete_topic(topic)
+        if a.only != "classic":
+            youzan_rounds(spark, data, out, n, a.rounds)
         spark.stop()
     print(summary(data))
     return 0
+
+
+def youzan_rounds(spark: Any, data: dict[str, Any], out: Any, n: int, rounds: int) -> None:
+    import tempfile
+    from pathlib import Path
+
+    from compat.cluster import Cluster
+    from compat.youzan import create_topic
+
+    with tempfile.TemporaryDirectory(prefix="bench-youzan-") as workdir:
+        cluster = Cluster.start(kind="youzan", dir=Path(workdir), nsqd=2)
+        try:
+            lookupd = cluster.lookupd[0].http
+            # Warm up, as for classic: Python workers and their imports for this path.
+            create_topic(cluster, "yz_warmup", partitions=4, multipart=True, channel="plain")
+            youzan_fill(lookupd, "yz_warmup", 4000)
+            youzan_read(spark, lookupd, "yz_warmup")
+            for r in range(rounds):
+                topic = f"yz_read{r}"
+                create_topic(cluster, topic, partitions=4, multipart=True, channel="plain")
+                youzan_fill(lookupd, topic, n)
+                started = time.perf_counter()
+                got = youzan_read(spark, lookupd, topic)
+                secs = time.perf_counter() - started
+                record(data, out, "youzan", "spark readStream", n, secs, got == n, got)
+                secs = youzan_consume(lookupd, topic, n)
+                record(data, out, "youzan", "Consumer", n, secs, True, n)
+        finally:
+            cluster.stop()
+
+
+def youzan_read(spark: Any, lookupd: str, topic: str) -> int:
+    """Every message of ``topic`` through the source (availableNow, noop sink): the count."""
+    query = (
+        spark.readStream.format("nsq")
+        .option("lookupd", lookupd)
+        .option("topic", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+        .writeStream.format("noop")
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return int(sum(p["numInputRows"] for p in query.recentProgress))
+
+
+def youzan_fill(lookupd: str, topic: str, n: int) -> None:
+    from smartnsq import Producer
+
+    async def go() -> None:
+        async with Producer(lookupd_http_addresses=[lookupd]) as producer:
+            for i in range(0, n, 1000):
+                batch = [b"y" * BODY] * min(1000, n - i)
+                await producer.publish_many(topic, batch, partition=(i // 1000) % 4)
+
+    anyio.run(go)
+
+
+def youzan_consume(lookupd: str, topic: str, n: int) -> float:
+    from smartnsq import Consumer, Message
+
+    async def go() -> float:
+        done = anyio.Event()
+        count = 0
+
+        async def handle(message: Message) -> None:
+            nonlocal count
+            count += 1
+            if count >= n:
+                done.set()
+
+        started = time.perf_counter()
+        async with Consumer(
+            topic, "plain", handle, lookupd_http_addresses=[lookupd], max_in_flight=2500
+        ):
+            await done.wait()
+            return time.perf_counter() - started
+
+    return float(anyio.run(go))
 
 
 def record(
@@ -210,6 +299,8 @@ def summary(data: dict[str, Any]) -> str:
     r_spark = best.get(("read", "spark readStream"), 0.0)
     r_plain = best.get(("read", "Consumer"), 1.0)
     r_steady = best.get(("read", "spark steady state"), 0.0)
+    y_spark = best.get(("youzan", "spark readStream"), 0.0)
+    y_plain = best.get(("youzan", "Consumer"), 1.0)
     lines = [
         f"command: {data['command']}",
         "| workload | Spark | smartnsq direct | ratio | target | met |",
@@ -223,6 +314,9 @@ def summary(data: dict[str, Any]) -> str:
         f"| classic read, micro-batches after the first | {r_steady:,.0f} msg/s | "
         f"{r_plain:,.0f} msg/s | {r_steady / r_plain:.2f}x | >= 0.5x | "
         f"{'yes' if r_steady >= 0.5 * r_plain else 'no'} |",
+        f"| Youzan read by offsets {data['params']['n']:,} | {y_spark:,.0f} msg/s | "
+        f"{y_plain:,.0f} msg/s | {y_spark / y_plain:.2f}x | >= 1.0x | "
+        f"{'yes' if y_spark >= y_plain else 'no'} |",
     ]
     return "\n".join(lines)
 

@@ -14,10 +14,10 @@ import dataclasses
 import json
 import select
 import socket
+import struct
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pyarrow as pa
 
@@ -59,6 +59,28 @@ def read_range(
         youzan.delete_channel(info, channel)
 
 
+class _Rows:
+    """The columns of the rows read so far, filled straight from the frames."""
+
+    __slots__ = ("attempts", "bodies", "headers", "ids", "offsets", "stamps", "traces")
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.offsets: list[int] = []
+        self.stamps: list[int] = []  # nanoseconds
+        self.attempts: list[int] = []
+        self.ids: list[bytes] = []
+        self.traces: list[int] = []
+        self.headers: list[list[tuple[str, str]]] | None = None  # ext topics only
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+# timestamp, attempts, internal id, trace id (signed: Spark's long), queue offset, raw size
+_PLAIN = struct.Struct(">qHQqQI")
+
+
 def _read(
     info: PartitionInfo,
     start: int,
@@ -74,13 +96,14 @@ def _read(
     decoder = conn._decoder
     compress: Callable[[bytes], bytes] = conn._compress or _same
     decompress: Callable[[bytes], bytes] = conn._decompress or _same
-    layout = MessageLayout(binary_id=True, ext=info.ext, offset=True)
+    layout = MessageLayout(binary_id=True, ext=True, offset=True)
+    unpack = _PLAIN.unpack_from
     try:
         # Four tokens: the fork ignores the partition of a SUB_ADVANCED that also has a start.
         line = f"SUB_ADVANCED {info.topic} {channel} {info.partition}\n".encode()
         sock.sendall(compress(line))
         subscribed = False
-        messages: list[RawMessage] = []
+        rows = _new_rows(info)
         expect = start  # the next message must be at or after this offset
         last_data = time.monotonic()
         done = False
@@ -99,40 +122,60 @@ def _read(
                 raise ConnectionClosed(f"nsqd {info.nsqd} closed the connection mid-read")
             last_data = time.monotonic()
             buf, spans = decoder.feed_spans(decompress(data))
-            fins: list[bytes] = []
+            out: list[bytes] = []  # FINs, and the odd NOP or RDY
             for ftype, lo, hi in spans:
                 if ftype == FRAME_MESSAGE:
                     if done:
                         continue  # sent before nsqd saw us stop: the channel goes anyway
-                    msg = decode_message(buf[lo:hi], layout, RawMessage)
-                    fins.append(commands.fin(msg.id))
-                    offset = msg.offset or 0
+                    message_id = buf[lo + 10 : lo + 26]
+                    out.append(b"FIN " + message_id + b"\n")
+                    if rows.headers is None:
+                        stamp, tries, _, trace, offset, size = unpack(buf, lo)
+                        body = buf[lo + 38 : hi]
+                    else:
+                        msg = decode_message(buf[lo:hi], layout, RawMessage)
+                        stamp, tries, trace = msg.timestamp, msg.attempts, _signed(msg.trace_id)
+                        offset, size, body = msg.offset or 0, msg.raw_size or 1, msg.body
                     if offset < expect:
                         continue  # a redelivery of what we already have
                     if offset >= end:
                         done = True
                         continue
-                    messages.append(msg)
-                    expect = offset + (msg.raw_size or 1)
+                    rows.bodies.append(body)
+                    rows.offsets.append(offset)
+                    rows.stamps.append(stamp)
+                    rows.attempts.append(tries)
+                    rows.ids.append(message_id)
+                    rows.traces.append(trace)
+                    if rows.headers is not None:
+                        rows.headers.append(_headers(msg))
+                    expect = offset + size
                     done = expect >= end
-                    if len(messages) >= ROWS_PER_BATCH:
-                        yield to_batch(messages, info, schema)
-                        messages = []
+                    if len(rows) >= ROWS_PER_BATCH:
+                        yield to_batch(rows, info, schema)
+                        rows = _new_rows(info)
                 elif ftype == FRAME_ERROR:
                     raise error_from_frame(buf[lo:hi])
                 else:
                     payload = buf[lo:hi]
                     if payload == HEARTBEAT:
-                        fins.append(commands.NOP)
+                        out.append(commands.NOP)
                     elif payload == OK and not subscribed:
                         subscribed = True
-                        fins.append(commands.rdy(conn.features.max_rdy_count))
-            if fins and not done:
-                sock.sendall(compress(b"".join(fins)))
-        if messages:
-            yield to_batch(messages, info, schema)
+                        out.append(commands.rdy(conn.features.max_rdy_count))
+            if out and not done:
+                sock.sendall(compress(b"".join(out)))
+        if len(rows):
+            yield to_batch(rows, info, schema)
     finally:
         conn._abort(None)
+
+
+def _new_rows(info: PartitionInfo) -> _Rows:
+    rows = _Rows()
+    if info.ext:
+        rows.headers = []
+    return rows
 
 
 def _same(data: bytes) -> bytes:
@@ -148,20 +191,22 @@ def _headers(msg: RawMessage) -> list[tuple[str, str]]:
     return [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in msg.headers.items()]
 
 
-def to_batch(messages: list[RawMessage], info: PartitionInfo, schema: pa.Schema) -> pa.RecordBatch:
-    """The rows of ``messages`` (all of partition ``info``) in exactly ``schema``."""
-    n = len(messages)
-    columns: dict[str, Callable[[], list[Any]]] = {
-        "value": lambda: [m.body for m in messages],
-        "topic": lambda: [info.topic] * n,
-        "partition": lambda: [info.partition] * n,
-        "offset": lambda: [m.offset for m in messages],
-        "timestamp": lambda: [m.timestamp // 1000 for m in messages],
-        "attempts": lambda: [m.attempts for m in messages],
-        "id": lambda: [m.id.hex() for m in messages],
-        "trace_id": lambda: [_signed(m.trace_id) for m in messages],
-        "headers": lambda: [_headers(m) for m in messages],
-        "nsqd": lambda: [info.nsqd] * n,
+def to_batch(rows: _Rows, info: PartitionInfo, schema: pa.Schema) -> pa.RecordBatch:
+    """The rows of one partition in exactly ``schema``."""
+    n = len(rows)
+    columns: dict[str, Callable[[pa.DataType], pa.Array]] = {
+        "value": lambda t: pa.array(rows.bodies, type=t),
+        "topic": lambda t: pa.array([info.topic] * n, type=t),
+        "partition": lambda t: pa.array([info.partition] * n, type=t),
+        "offset": lambda t: pa.array(rows.offsets, type=t),
+        "timestamp": lambda t: pa.array(rows.stamps, type=pa.timestamp("ns", tz="UTC")).cast(
+            t, safe=False
+        ),
+        "attempts": lambda t: pa.array(rows.attempts, type=t),
+        "id": lambda t: pa.array([i.hex() for i in rows.ids], type=t),
+        "trace_id": lambda t: pa.array(rows.traces, type=t),
+        "headers": lambda t: pa.array(rows.headers or [[]] * n, type=t),
+        "nsqd": lambda t: pa.array([info.nsqd] * n, type=t),
     }
-    arrays = [pa.array(columns[f.name](), type=f.type) for f in schema]
+    arrays = [columns[f.name](f.type) for f in schema]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -10,6 +10,7 @@ This module does not import pyspark.
 from __future__ import annotations
 
 import logging
+import os
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
@@ -45,9 +46,20 @@ class PartitionInfo:
         return max(1.0, self.end / self.end_count) if self.end_count else 1.0
 
 
+_clients: dict[int, httpx.Client] = {}
+
+
+def _client() -> httpx.Client:
+    # One per process (Spark forks its workers), kept: making one costs an SSL context.
+    client = _clients.get(os.getpid())
+    if client is None:
+        client = _clients[os.getpid()] = httpx.Client(headers=ACCEPT, timeout=HTTP_TIMEOUT)
+    return client
+
+
 def _get(url: str, params: dict[str, str]) -> tuple[int, Any]:
     try:
-        r = httpx.get(url, params=params, headers=ACCEPT, timeout=HTTP_TIMEOUT)
+        r = _client().get(url, params=params)
     except httpx.HTTPError as exc:
         raise LookupFailed(f"{url} unreachable: {exc!r}") from exc
     try:
@@ -131,7 +143,7 @@ def _partition_stats(http: str, topic: str) -> dict[int, dict[str, Any]]:
 def _post(http: str, path: str, params: dict[str, str], body: bytes = b"") -> None:
     url = f"http://{http}{path}?{urllib.parse.urlencode(params)}"
     try:
-        r = httpx.post(url, content=body, headers=ACCEPT, timeout=HTTP_TIMEOUT)
+        r = _client().post(url, content=body)
     except httpx.HTTPError as exc:
         raise LookupFailed(f"nsqd {http}: {path} failed: {exc!r}") from exc
     if r.status_code != 200:
