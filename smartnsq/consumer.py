@@ -221,7 +221,7 @@ class Consumer:
             ``lookupd_http_addresses``; checked on start like ``start``.
         advanced: Subscribe with ``SUB_ADVANCED`` so every message of an unordered
             partitioned topic carries :attr:`Message.offset` and :attr:`Message.raw_size`
-            (ordered topics always do).
+            (ordered topics always do). Implied by ``start``.
     """
 
     def __init__(
@@ -309,7 +309,8 @@ class Consumer:
                 "start and partitions need lookupd_http_addresses and no nsqd_tcp_addresses: "
                 "a topic's partitions and their leaders come from lookupd"
             )
-        self._advanced = advanced
+        # A start needs offsets to tell stale deliveries from fresh ones (see _on_message).
+        self._advanced = advanced or start_at is not None
         self._start = (
             StartPlan(self.topic, self.channel, start_at, self._partitions, lookupds)
             if start_at is not None or self._partitions is not None or (advanced and lookupds)
@@ -1178,7 +1179,7 @@ class Consumer:
         start = self._start
         starting = start is not None and start.pending(partition)
         # SUB_ADVANCED with 4 tokens: a 5th (its own start) would make nsqd ignore the partition.
-        advanced = not ordered and (self._advanced or starting)
+        advanced = not ordered and self._advanced
         conn = await Connection.open(address, config)
         reader = _Reader(self, address, conn, partition, ordered=ordered, ext=ext, offsets=advanced)
         conn.on_messages = partial(self._on_messages, reader)

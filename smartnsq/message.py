@@ -21,7 +21,7 @@ class Message(RawMessage):
     a worker thread), they are carried over to the event loop, in order.
 
     On the Youzan fork, :attr:`partition`, :attr:`internal_id`, :attr:`trace_id`, and (for
-    ordered topics, ``advanced=True`` and a consumer's first subscription with a ``start``)
+    ordered topics, and with the consumer's ``advanced=True`` or ``start``)
     :attr:`offset` (the queue offset) and :attr:`raw_size` describe where it came from.
     """
 

@@ -232,6 +232,9 @@ async def test_start_applies_once_not_on_reconnect(youzan_cluster, anyio_backend
         found = await offsets(youzan_cluster, topic)
     assert bodies(got) == Counter(sent + more)
     assert found[0].depth == 0
+    # A start implies SUB_ADVANCED, on the reconnected subscription too.
+    last = max(got[-len(more) :], key=lambda m: m.offset or 0)
+    assert last.offset is not None and last.offset + last.raw_size == found[0].end
 
 
 async def test_start_leaves_a_channel_with_other_consumers_alone(
@@ -260,6 +263,25 @@ async def test_start_leaves_a_channel_with_other_consumers_alone(
     assert "other clients consume it" in caplog.text
     assert not got and not other  # nothing was moved back
     assert (found[0].channel, found[0].depth) == (found[0].end, 0)
+
+
+async def test_start_on_an_ordered_topic(youzan_cluster, anyio_backend):
+    topic = unique("ord")
+    create_topic(youzan_cluster, topic, partitions=2, ordered=True, channel="ch")
+    sent = await publish(youzan_cluster, topic, "a", 4)
+    first = await consume(youzan_cluster, topic, "ch", len(sent))
+    at = {(m.partition, m.body): m.offset for m in first}
+    violations: list[Message] = []
+    got = await consume(
+        youzan_cluster,
+        topic,
+        "ch",
+        3,
+        start={0: at[(0, b"a-p0-1")]},
+        on_order_violation=lambda m, i, o: violations.append(m),
+    )
+    assert [m.body for m in got] == [b"a-p0-1", b"a-p0-2", b"a-p0-3"]  # in order
+    assert not violations
 
 
 async def test_bad_start_and_partitions_are_refused_on_start(

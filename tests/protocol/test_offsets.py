@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
-from smartnsq import Consumer
-from smartnsq.errors import InvalidArgument, InvalidType, ProtocolError
+from smartnsq import Consumer, partition_offsets
+from smartnsq.errors import InvalidArgument, InvalidTopic, InvalidType, ProtocolError
 from smartnsq.protocol import commands
 from smartnsq.protocol.offsets import (
     MAX_TIMESTAMP,
@@ -19,6 +19,7 @@ from smartnsq.protocol.offsets import (
     setoffset_body,
     skip_for,
 )
+from smartnsq.sync import partition_offsets as blocking_partition_offsets
 
 
 def test_start_values_are_normalised():
@@ -173,3 +174,19 @@ def test_consumer_refuses_bad_start_options(options, error, match):
     )
     with pytest.raises(error, match=match):
         Consumer("t", "c", lambda m: None, **options)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_partition_offsets_checks_its_arguments_before_asking(anyio_backend):
+    good = ["127.0.0.1:1"]  # nothing listens there: a check that asked would fail otherwise
+    with pytest.raises(InvalidTopic):
+        await partition_offsets("no spaces", lookupd_http_addresses=good)
+    with pytest.raises(InvalidArgument, match="channel"):
+        await partition_offsets("t", lookupd_http_addresses=good, channel="a b")
+    with pytest.raises(InvalidArgument, match="empty"):
+        await partition_offsets("t", lookupd_http_addresses=[])
+    with pytest.raises(InvalidType):
+        await partition_offsets("t", lookupd_http_addresses=good, timeout="5")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="timeout"):
+        blocking_partition_offsets("t", lookupd_http_addresses=good, timeout=0)
