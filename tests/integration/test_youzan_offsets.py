@@ -16,6 +16,7 @@ import pytest
 from compat.youzan import create_topic
 from smartnsq import Consumer, Message, Producer, partition_offsets
 from smartnsq.errors import InvalidArgument, NotSupported, OffsetOutOfRange, TopicNotFound
+from smartnsq.protocol.message import partition_of
 from tests.helpers import http_json, lookupds, unique, wait_until
 
 pytestmark = [
@@ -185,6 +186,25 @@ async def test_start_at_explicit_offsets(youzan_cluster, anyio_backend):
     assert bodies(got) == Counter([(0, b"a-p0-2"), (0, b"a-p0-3"), (0, b"a-p0-4"), (1, b"a-p1-4")])
     # The offsets of SUB_ADVANCED deliveries start where they were asked to.
     assert min(m.offset for m in got if m.partition == 0) == start[0]
+
+
+async def test_several_partitions_on_one_nsqd_each_start_at_their_own_offset(
+    youzan_cluster, anyio_backend
+):
+    # 4 partitions on 2 nsqd: SUB_ADVANCED with its own start argument would be sent to a
+    # partition of nsqd's choosing here (the fork's 5-token quirk).
+    topic = unique("multi")
+    create_topic(youzan_cluster, topic, partitions=4, multipart=True, channel="ch")
+    sent = await publish(youzan_cluster, topic, "a", 3, partitions=range(4))
+    probe = await consume(youzan_cluster, topic, "ch", len(sent), advanced=True)
+    assert all(m.partition == partition_of(m.internal_id) for m in probe)
+    at = {(m.partition, m.body): m.offset for m in probe}
+    start = {p: at[(p, f"a-p{p}-{p % 3}".encode())] for p in range(4)}
+    expected = Counter(b for b in sent if int(b[1].split(b"-")[2]) >= b[0] % 3)
+    assert sum(expected.values()) == 9
+    got = await consume(youzan_cluster, topic, "ch", 9, start=start)
+    assert bodies(got) == expected
+    assert all(m.partition == partition_of(m.internal_id) for m in got)
 
 
 async def test_partitions_and_offsets_for_some_partitions(youzan_cluster, anyio_backend):
