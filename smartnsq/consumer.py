@@ -66,7 +66,7 @@ from smartnsq.protocol import commands
 from smartnsq.protocol.frames import Span
 from smartnsq.protocol.message import CLASSIC, MessageLayout, decode_message
 from smartnsq.protocol.names import validate_channel, validate_topic
-from smartnsq.protocol.offsets import Skip, Start, check_partitions, check_start
+from smartnsq.protocol.offsets import Skip, Start
 from smartnsq.rdy import distribute
 from smartnsq.sync_pool import FAILED, GIVE_UP, RETURNED, SyncPool, build_message
 from smartnsq.trace import TraceSwitch, emit
@@ -299,23 +299,10 @@ class Consumer:
         check_callable("on_blocked", on_blocked)
         check_number("blocked_warn_attempts", blocked_warn_attempts, integer=True, min=1)
         check_number("blocked_error_attempts", blocked_error_attempts, integer=True, min=1)
-        check_bool("advanced", advanced)
-        self._partitions = check_partitions(partitions)
-        start_at = check_start(start, self._partitions)
-        if (start_at is not None or self._partitions is not None) and (
-            self._direct or not lookupds
-        ):
-            raise InvalidArgument(
-                "start and partitions need lookupd_http_addresses and no nsqd_tcp_addresses: "
-                "a topic's partitions and their leaders come from lookupd"
-            )
-        # A start needs offsets to tell stale deliveries from fresh ones (see _on_message).
-        self._advanced = advanced or start_at is not None
-        self._start = (
-            StartPlan(self.topic, self.channel, start_at, self._partitions, lookupds)
-            if start_at is not None or self._partitions is not None or (advanced and lookupds)
-            else None
+        self._start = StartPlan.from_options(
+            self.topic, self.channel, start, partitions, advanced, self._direct, lookupds
         )
+        self._partitions = self._start.partitions
         self._nodes: dict[Target, Node] = {}  # partition leaders, for the start's HTTP calls
         _positive(
             max_backoff_duration=max_backoff_duration,
@@ -417,8 +404,7 @@ class Consumer:
     async def __aenter__(self) -> Consumer:
         if self._started:
             raise NSQError("a Consumer can be started only once")
-        if self._start is not None:
-            await self._start.check()
+        await self._start.check()
         self._started = True
         self._thread, self._forks = owner()
         self._tg = anyio.create_task_group()
@@ -439,8 +425,7 @@ class Consumer:
         """Start consuming and block until :meth:`stop` is called (from another task)."""
         if self._started:
             raise NSQError("a Consumer can be started only once")
-        if self._start is not None:
-            await self._start.check()
+        await self._start.check()
         self._started = True
         self._thread, self._forks = owner()
         async with anyio.create_task_group() as tg:
@@ -1177,9 +1162,8 @@ class Consumer:
         if ext:
             config = dataclasses.replace(config, extend_support=True)
         start = self._start
-        starting = start is not None and start.pending(partition)
         # SUB_ADVANCED with 4 tokens: a 5th (its own start) would make nsqd ignore the partition.
-        advanced = not ordered and self._advanced
+        advanced = not ordered and start.advanced
         conn = await Connection.open(address, config)
         reader = _Reader(self, address, conn, partition, ordered=ordered, ext=ext, offsets=advanced)
         conn.on_messages = partial(self._on_messages, reader)
@@ -1194,7 +1178,7 @@ class Consumer:
                 tg.start_soon(conn.run)
                 try:
                     await conn.request(sub(self.topic, self.channel, partition), timeout=10)
-                    if starting and start is not None and partition is not None:
+                    if partition is not None and start.pending(partition):
                         # Before any RDY: nothing is delivered from the old position.
                         reader.skip = await start.apply(partition, self._nodes[target])
                 except NSQError as exc:  # raised plainly, not wrapped in a task-group error

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import anyio
 import httpx
 
-from smartnsq._checks import check_addresses, check_number
+from smartnsq._checks import check_addresses, check_bool, check_number
 from smartnsq.errors import (
     InvalidArgument,
     LookupFailed,
@@ -38,7 +38,10 @@ from smartnsq.protocol.names import validate_channel, validate_topic
 from smartnsq.protocol.offsets import (
     PartitionNumbers,
     Skip,
+    Start,
     StartAt,
+    check_partitions,
+    check_start,
     parse_partition_stats,
     setoffset_body,
     skip_for,
@@ -235,10 +238,12 @@ async def read_partition(
 
 
 class StartPlan:
-    """A consumer's start position, applied once per partition (used by the Consumer).
+    """A consumer's ``start``, ``partitions`` and ``advanced``; the start is applied once per
+    partition (used by the Consumer).
 
-    ``check`` runs when the consumer starts: the topic must be partitioned, the partitions
-    asked for must exist, explicit offsets must lie within what each partition retains.
+    ``check`` runs when the consumer starts, if any of them was given: the topic must be
+    partitioned, the partitions asked for must exist, explicit offsets must lie within what
+    each partition retains.
     ``apply`` runs after a partition's first subscription, before any RDY: it moves the
     channel with ``/channel/setoffset`` on the partition's leader, unless another client is
     subscribed to that channel there. Later subscriptions (reconnects) resume where the
@@ -252,13 +257,38 @@ class StartPlan:
         start: StartAt | None,
         partitions: frozenset[int] | None,
         lookupds: list[str],
+        advanced: bool = False,
     ) -> None:
         self.topic = topic
         self.channel = channel
         self.start = start
         self.partitions = partitions
         self.lookupds = lookupds
+        # A start needs offsets to tell stale deliveries from fresh ones (see Skip).
+        self.advanced = advanced or start is not None
         self._done: set[int] = set()
+
+    @classmethod
+    def from_options(
+        cls,
+        topic: str,
+        channel: str,
+        start: Start,
+        partitions: Iterable[int] | None,
+        advanced: bool,
+        direct: Sequence[str],
+        lookupds: list[str],
+    ) -> StartPlan:
+        """The Consumer's options, checked (nothing is asked yet)."""
+        check_bool("advanced", advanced)
+        wanted = check_partitions(partitions)
+        start_at = check_start(start, wanted)
+        if (start_at is not None or wanted is not None) and (direct or not lookupds):
+            raise InvalidArgument(
+                "start and partitions need lookupd_http_addresses and no nsqd_tcp_addresses: "
+                "a topic's partitions and their leaders come from lookupd"
+            )
+        return cls(topic, channel, start_at, wanted, lookupds, advanced)
 
     def pending(self, partition: int | None) -> bool:
         return (
@@ -269,6 +299,8 @@ class StartPlan:
         )
 
     async def check(self, timeout: float = 10.0) -> None:
+        if not self.lookupds or not (self.start or self.partitions or self.advanced):
+            return  # nothing asked for, or SUB_ADVANCED on nsqd given directly
         offsets = await partition_offsets(
             self.topic, lookupd_http_addresses=self.lookupds, timeout=timeout
         )
