@@ -642,7 +642,8 @@ class Consumer:
             if skip.stale(msg.offset, msg.timestamp):
                 self._finish(msg, count=False)  # from before the start position
                 return False
-            reader.skip = None  # the first fresh one: nothing stale comes after it
+            if skip.below_offset is None:
+                reader.skip = None  # times need not rise: only the first deliveries are suspect
         if reader.ordered:
             self._check_order(reader, msg)
         if self.trace.active and self.trace.enabled(self.topic):

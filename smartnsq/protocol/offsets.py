@@ -164,7 +164,10 @@ class Skip:
 
     nsqd's channel reads one message ahead even with no client ready; a reset of the
     channel's position still delivers that message (nsqd/channel.go, "retry delivering msg
-    to client, regardless reset result"). Those are answered (FIN) and not handed on.
+    to client, regardless reset result"). Those are answered (FIN) and not handed on. An
+    offset below the start is stale whenever it comes (a message in flight before the reset
+    and requeued later, say); a timestamp only until the first fresh delivery, as message
+    times within a partition need not rise.
     """
 
     below_offset: int | None = None  # queue offsets under this one are stale

@@ -159,6 +159,40 @@ async def test_start_latest_skips_a_backlog(youzan_cluster, anyio_backend):
     assert bodies(got) == Counter(new)
 
 
+async def test_start_latest_after_a_consumer_left_messages_requeued(youzan_cluster, anyio_backend):
+    topic = unique("req")
+    create_topic(youzan_cluster, topic, partitions=1, channel="ch")
+    await publish(youzan_cluster, topic, "old", 8, partitions=(0,))
+    held: list[Message] = []
+    release = anyio.Event()
+
+    async def hold(message: Message) -> None:
+        held.append(message)
+        await release.wait()
+
+    # A consumer takes messages in flight and leaves: its stop requeues them.
+    async with Consumer(
+        topic, "ch", hold, lookupd_http_addresses=lookupds(youzan_cluster), max_in_flight=4
+    ) as first:
+        await wait_until(lambda: len(held) == 4, 30, "4 messages in flight")
+        await first.stop(timeout=0)
+    release.set()
+    got = []
+    async with Consumer(
+        topic,
+        "ch",
+        got.append,
+        lookupd_http_addresses=lookupds(youzan_cluster),
+        max_in_flight=20,
+        start="latest",
+    ) as consumer:
+        await wait_until(lambda: consumer.stats().connections == 1, 30, "subscribed")
+        new = await publish(youzan_cluster, topic, "new", 3, partitions=(0,))
+        await wait_until(lambda: len(got) >= len(new), 30, "the new messages")
+        await drained(youzan_cluster, topic, "ch")
+    assert bodies(got) == Counter(new)
+
+
 async def test_start_at_a_time(youzan_cluster, anyio_backend):
     topic = unique("time")
     create_topic(youzan_cluster, topic, partitions=2, channel="ch")
