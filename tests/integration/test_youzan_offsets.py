@@ -370,3 +370,17 @@ async def test_bad_start_and_partitions_are_refused_on_start(
         with pytest.raises(NotSupported, match="Youzan"):
             async with consumer:
                 pass
+
+
+async def test_advanced_on_an_ext_topic_keeps_headers_and_offsets(youzan_cluster, anyio_backend):
+    topic = unique("ext")
+    create_topic(youzan_cluster, topic, partitions=1, ext=True, channel="ch")
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        await producer.publish(topic, b"one", headers={"n": 1})
+        await producer.publish(topic, b"two")
+    got = await consume(youzan_cluster, topic, "ch", 2, start="earliest")
+    one, two = sorted(got, key=lambda m: m.offset or 0)
+    assert (one.body, one.headers, one.offset) == (b"one", {"n": 1}, 0)
+    assert (two.body, two.headers, two.offset) == (b"two", {}, one.raw_size)
+    end = (await offsets(youzan_cluster, topic))[0].end
+    assert two.offset + two.raw_size == end
