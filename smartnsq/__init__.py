@@ -6,6 +6,7 @@ from smartnsq._version import __version__
 from smartnsq.connection import Connection, ConnectionConfig, Features
 from smartnsq.consumer import Consumer, ConsumerStats
 from smartnsq.message import Message
+from smartnsq.offsets import PartitionOffsets, partition_offsets
 from smartnsq.producer import Producer
 from smartnsq.protocol.message import PublishResult
 from smartnsq.runner import run, serve
@@ -17,9 +18,11 @@ __all__ = [
     "ConsumerStats",
     "Features",
     "Message",
+    "PartitionOffsets",
     "Producer",
     "PublishResult",
     "__version__",
+    "partition_offsets",
     "run",
     "serve",
 ]

@@ -21,7 +21,8 @@ class Message(RawMessage):
     a worker thread), they are carried over to the event loop, in order.
 
     On the Youzan fork, :attr:`partition`, :attr:`internal_id`, :attr:`trace_id`, and (for
-    ordered subscriptions) :attr:`offset` and :attr:`raw_size` describe where it came from.
+    ordered topics, and with the consumer's ``advanced=True`` or ``start``)
+    :attr:`offset` (the queue offset) and :attr:`raw_size` describe where it came from.
     """
 
     __slots__ = ("_auto", "_reader", "_received", "_responded", "_touched")
