@@ -1,8 +1,9 @@
 """What the Spark source needs to know about a Youzan partitioned topic, over plain HTTP.
 
-The driver asks lookupd where each partition's leader is and the leader's ``/stats`` for the
-partition's queue offsets. A task reads a range through a channel of its own (see
-:mod:`smartnsq.spark.range_read`), made and removed here with the nsqd channel endpoints.
+The driver asks lookupd about the topic (partitioned? ext?) and
+:func:`smartnsq.sync.partition_offsets` for each partition's leader and queue offsets. A
+task reads a range through a channel of its own (see :mod:`smartnsq.spark.range_read`),
+made and removed here with the nsqd channel endpoints.
 
 This module does not import pyspark.
 """
@@ -92,52 +93,28 @@ def topic_layout(lookupd: tuple[str, ...], topic: str) -> TopicLayout | None:
 
 def partitions(lookupd: tuple[str, ...], topic: str) -> list[PartitionInfo]:
     """Every partition of ``topic`` with its leader's current queue offsets."""
+    from smartnsq.sync import partition_offsets
+
     layout = topic_layout(lookupd, topic)
     if layout is None or not layout.partitions:
         raise TopicNotFound(f"lookupd knows no partitions of topic {topic!r}")
-    stats: dict[str, dict[int, dict[str, Any]]] = {}
-    out = []
-    for number, node in sorted(layout.partitions.items()):
-        http = f"{node.broadcast_address}:{node.http_port}"
-        if http not in stats:
-            stats[http] = _partition_stats(http, topic)
-        found = stats[http].get(number)
-        if found is None:
-            raise LookupFailed(
-                f"nsqd {http}, the leader of partition {number} of {topic!r} by lookupd, "
-                "does not lead it (a leader change under way?): try again"
-            )
-        ordered = bool(found.get("is_multi_ordered"))
-        if ordered:
-            raise NotSupported(
-                f"topic {topic!r} is ordered: reading it by offsets is not supported yet"
-            )
-        out.append(
-            PartitionInfo(
-                topic=topic,
-                partition=number,
-                nsqd=node.tcp_address,
-                http=http,
-                earliest=int(found.get("backend_start") or 0),
-                end=int(found.get("backend_depth") or 0),
-                end_count=int(found.get("message_count") or 0),
-                ext=bool(found.get("is_ext")),
-                ordered=ordered,
-            )
+    meta = layout.meta
+    if meta is not None and meta.ordered:
+        raise NotSupported(f"topic {topic!r} is ordered: reading it by offsets is not supported")
+    return [
+        PartitionInfo(
+            topic=topic,
+            partition=p.partition,
+            nsqd=p.nsqd,
+            http=p.http,
+            earliest=p.earliest,
+            end=p.end,
+            end_count=p.end_count or 0,
+            ext=bool(meta and meta.extend_support),
+            ordered=False,
         )
-    return out
-
-
-def _partition_stats(http: str, topic: str) -> dict[int, dict[str, Any]]:
-    status, body = _get(f"http://{http}/stats", {"format": "json", "topic": topic})
-    if status != 200 or not isinstance(body, dict):
-        raise LookupFailed(f"nsqd {http} answered /stats with HTTP {status}")
-    data = body.get("data", body)  # 0.x envelope
-    found: dict[int, dict[str, Any]] = {}
-    for t in data.get("topics") or []:
-        if t.get("topic_name") == topic and t.get("is_leader", True):
-            found[int(t.get("topic_partition", -1))] = t
-    return found
+        for p in partition_offsets(topic, lookupd_http_addresses=list(lookupd))
+    ]
 
 
 def _post(http: str, path: str, params: dict[str, str], body: bytes = b"") -> None:
