@@ -36,8 +36,10 @@ _READ_SIZE = 1 << 20
 
 
 def task_channel(prefix: str) -> str:
-    """A channel name no other reader uses (nsqd allows 64 characters)."""
-    return f"{prefix[:40]}-{uuid.uuid4().hex[:16]}"
+    """A channel name no other reader uses (nsqd allows 64 characters), stamped with its
+    creation time so that one left behind can be told from one in use (see
+    :func:`smartnsq.spark.youzan.remove_orphans`)."""
+    return f"{prefix[:40]}-{int(time.time()):08x}{uuid.uuid4().hex[:8]}"
 
 
 def read_range(

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import time
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
@@ -144,3 +146,30 @@ def delete_channel(info: PartitionInfo, channel: str) -> None:
         _post(info.http, "/channel/delete", params)
     except NSQError as exc:
         log.warning("could not delete channel %s of %s: %s", channel, info.topic, exc)
+
+
+ORPHAN_AGE = 600.0  # a task's channel unused this long was left by a task that died
+
+
+def remove_orphans(infos: list[PartitionInfo], prefix: str) -> None:
+    """Delete task channels (``<prefix>-<created><random>``) that nobody is subscribed to
+    and that are older than :data:`ORPHAN_AGE`: an unread channel makes nsqd keep data."""
+    if not infos:
+        return
+    topic = infos[0].topic
+    pattern = re.compile(re.escape(prefix[:40]) + r"-([0-9a-f]{8})[0-9a-f]{8}")
+    now = time.time()
+    by_partition = {i.partition: i for i in infos}
+    for http in {i.http for i in infos}:
+        status, body = _get(f"http://{http}/stats", {"format": "json", "topic": topic})
+        if status != 200 or not isinstance(body, dict):
+            continue
+        for t in body.get("topics") or []:
+            info = by_partition.get(int(t.get("topic_partition", -1)))
+            if t.get("topic_name") != topic or info is None or info.http != http:
+                continue
+            for c in t.get("channels") or []:
+                found = pattern.fullmatch(str(c.get("channel_name", "")))
+                if found and not c.get("client_num") and now - int(found[1], 16) > ORPHAN_AGE:
+                    log.warning("deleting channel %s of %s left by a failed task", found[0], info)
+                    delete_channel(info, found[0])

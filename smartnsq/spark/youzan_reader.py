@@ -10,6 +10,7 @@ other consumer of the topic is disturbed.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ from smartnsq.spark.range_read import read_range
 from smartnsq.spark.youzan import PartitionInfo
 
 OffsetDict = dict[str, dict[str, int]]
+_TIDY_INTERVAL = 300.0  # seconds between looks for channels left by failed tasks
 
 
 @dataclass
@@ -61,6 +63,13 @@ def _infos(settings: Settings) -> list[PartitionInfo]:
 class _RangeReads:
     settings: Settings
     schema: StructType
+
+    def _tidy(self, infos: list[PartitionInfo]) -> None:
+        # At most every few minutes: it reads every leader's /stats.
+        now = time.monotonic()
+        if now - getattr(self, "_tidied", -_TIDY_INTERVAL) >= _TIDY_INTERVAL:
+            self._tidied = now
+            youzan.remove_orphans(infos, self.settings.channel or DEFAULT_CHANNEL_PREFIX)
 
     def _ranges(
         self, start: plan.Offsets, end: plan.Offsets, infos: Sequence[PartitionInfo]
@@ -95,6 +104,7 @@ class YouzanBatchReader(_RangeReads, DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         infos = _infos(self.settings)
+        self._tidy(infos)
         start = plan.resolve("startingOffsets", self.settings.starting_offsets or "earliest", infos)
         end = plan.resolve("endingOffsets", self.settings.ending_offsets or "latest", infos)
         return self._ranges(start, end, infos)
@@ -135,6 +145,7 @@ class YouzanStreamReader(_RangeReads, DataSourceStreamReader, SupportsTriggerAva
 
     def latestOffset(self, start: OffsetDict, limit: ReadLimit) -> OffsetDict:
         infos = _infos(self.settings)
+        self._tidy(infos)
         begin = {i.partition: i.earliest for i in infos}
         begin.update(plan.from_spark(self._topic, start))
         begin = plan.check_retained(begin, infos, self.settings.fail_on_data_loss)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import anyio
@@ -158,6 +159,13 @@ def test_stream_from_latest_reads_only_newer_messages(spark: Any, youzan_cluster
 def test_batch_read_of_a_range_leaves_other_channels_alone(spark: Any, youzan_cluster: Any) -> None:
     topic, leaders = new_topic(youzan_cluster, "sy_batch")
     publish(youzan_cluster, topic, "r", 10)
+    # Channels named like a task's: one left an hour ago by a task that died, one just made.
+    now = int(time.time())
+    orphan, fresh = f"spark-{now - 3600:08x}deadbeef", f"spark-{now:08x}deadbeef"
+    for name in (orphan, fresh):
+        http_json(
+            f"http://{leaders[0]}/channel/create?topic={topic}&partition=0&channel={name}", "POST"
+        )
     everything = batch(spark, youzan_cluster, topic).collect()  # earliest to latest
     assert len(everything) == 10 * PARTITIONS
     offsets = {p: sorted(r.offset for r in everything if r.partition == p) for p in leaders}
@@ -173,13 +181,16 @@ def test_batch_read_of_a_range_leaves_other_channels_alone(spark: Any, youzan_cl
     got = sorted((r.partition, r.offset) for r in rows)
     expected = [(0, o) for o in offsets[0][2:5]] + [(1, o) for o in offsets[1]]
     assert got == sorted([*expected, (2, offsets[2][9])])
-    # Every partition's "ch" is where it was, and the reads' own channels are gone.
+    # Every partition's "ch" is where it was, the reads' own channels are gone, and so is
+    # the orphan (not the fresh one: its task may be about to subscribe).
     for http in set(leaders.values()):
         stats = http_json(f"http://{http}/stats?format=json&topic={topic}")
         for t in stats["topics"]:
-            assert [
-                (c["channel_name"], c["depth"], c["in_flight_count"]) for c in t["channels"]
-            ] == [("ch", 10, 0)]
+            channels = {
+                c["channel_name"]: (c["depth"], c["in_flight_count"]) for c in t["channels"]
+            }
+            assert channels.pop("ch") == (10, 0)
+            assert set(channels) == ({fresh} if t["topic_partition"] == "0" else set())
 
 
 def failure(action: Any) -> str:
@@ -204,6 +215,10 @@ def test_bad_offset_options_fail_at_planning(
     assert "option 'endingOffsets' must be a JSON object with the one key" in text
     text = failure(lambda: stream(spark, youzan_cluster, topic, maxOffsetsPerTrigger="lots"))
     assert "option 'maxOffsetsPerTrigger' must be a whole number" in text
+    # Only the stream reader knows it is one: the query fails as it starts.
+    query = stream(spark, youzan_cluster, topic, endingOffsets="latest").writeStream
+    text = failure(lambda: query.format("noop").start().awaitTermination(120))
+    assert "option 'endingOffsets' applies to spark.read only" in text
     nsqd = classic_cluster.nsqd[0]
     text = failure(
         lambda: (
@@ -216,3 +231,24 @@ def test_bad_offset_options_fail_at_planning(
         )
     )
     assert "option 'startingOffsets' needs a Youzan partitioned topic" in text
+
+
+def test_ext_topic_rows_carry_headers_and_trace_ids(spark: Any, youzan_cluster: Any) -> None:
+    topic = unique("sy_ext")
+    create_topic(youzan_cluster, topic, partitions=1, ext=True, channel="ch")
+
+    async def go() -> None:
+        async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+            await producer.publish(topic, b"one", headers={"region": "eu", "n": 1})
+            await producer.publish(topic, b"two", trace_id=(1 << 64) - 2)
+            await producer.publish(topic, b"three")
+
+    anyio.run(go)
+    rows = sorted(batch(spark, youzan_cluster, topic).collect(), key=lambda r: r.offset)
+    assert values(rows) == [b"one", b"two", b"three"]
+    assert rows[0].headers == {"region": "eu", "n": "1"} and rows[0].offset == 0
+    assert rows[1].trace_id == -2  # unsigned 64-bit on the wire, Spark's long is signed
+    assert rows[2].headers == {} and rows[2].partition == 0
+    # A range that starts inside the first message begins with the second.
+    later = batch(spark, youzan_cluster, topic, startingOffsets=json.dumps({topic: {"0": 1}}))
+    assert values(later.collect()) == [b"two", b"three"]
