@@ -95,6 +95,7 @@ def _read(
     conn = SyncConnection.open(info.nsqd, config, config.connect_timeout)
     # The connection is ours alone from here on: a plain read loop, no request queue.
     sock: socket.socket = conn._sock
+    sock.settimeout(STALL_TIMEOUT)  # blocking sends whatever the connection chose
     decoder = conn._decoder
     compress: Callable[[bytes], bytes] = conn._compress or _same
     decompress: Callable[[bytes], bytes] = conn._decompress or _same
