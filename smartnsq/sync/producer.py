@@ -262,7 +262,12 @@ class Producer(ProducerCore[_Node]):
         raise NoNsqdAvailable(f"no nsqd reachable; last error: {last}") from last
 
     def _node_connection(self, node: _Node, deadline: float) -> SyncConnection:
-        conns = [c for c in node.connections if c.usable]
+        conns = node.connections
+        if len(conns) == 1:  # the usual case: one idle connection, nothing to compare
+            conn = conns[0]
+            if not conn.pending and conn.usable:
+                return conn
+        conns = [c for c in conns if c.usable]
         if conns:
             best = min(conns, key=_pending)
             if best.pending == 0 or len(conns) >= self._per_node:
