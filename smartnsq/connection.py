@@ -191,7 +191,7 @@ class Connection:
     """A handshaken connection to one nsqd. Create it with [`open`][smartnsq.Connection.open].
 
     Run [`run`][smartnsq.Connection.run] in a task group: it reads frames, answers
-    heartbeats and matches answers to requests::
+    heartbeats and matches answers to requests:
 
         from smartnsq.protocol import commands
 

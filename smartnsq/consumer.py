@@ -168,8 +168,6 @@ class _Reader:
 class Consumer:
     """Consumes a channel of a topic from one or more nsqd.
 
-    ::
-
         async def handle(message: Message) -> None:
             ...  # return: FIN; return False or raise: REQ with backoff
 
@@ -192,7 +190,7 @@ class Consumer:
     One nsqd or nsqlookupd that fails, in whatever way, is logged, retried with backoff and
     does not stop consumption from the others.
 
-    Or pull messages without a handler::
+    Or pull messages without a handler:
 
         async with Consumer("events", "archive", nsqd_tcp_addresses=[...]) as consumer:
             async for message in consumer:

@@ -2,14 +2,16 @@
 
 Three families:
 
-* :class:`InvalidArgument` and its subclasses: the caller passed something wrong; nothing was
-  sent. They also derive from :class:`ValueError` (or :class:`TypeError`) so generic handlers
-  keep working.
-* :class:`ServerError` and its subclasses: nsqd answered a command with an error frame. Each
-  knows whether the server closes the connection after it (``fatal``) and whether a retry can
-  succeed (``retry``).
-* Transport problems: :class:`ConnectionClosed`, :class:`ConnectFailed`,
-  :class:`ProtocolError` (the peer sent bytes that are not NSQ) and :class:`NSQTimeout`.
+* [`InvalidArgument`][smartnsq.errors.InvalidArgument] and its subclasses: the caller passed
+  something wrong; nothing was sent. They also derive from ``ValueError`` (or
+  ``TypeError``) so generic handlers keep working.
+* [`ServerError`][smartnsq.errors.ServerError] and its subclasses: nsqd answered a command
+  with an error frame. Each knows whether the server closes the connection after it
+  (``fatal``) and whether a retry can succeed (``retry``).
+* Transport problems: [`ConnectionClosed`][smartnsq.errors.ConnectionClosed],
+  [`ConnectFailed`][smartnsq.errors.ConnectFailed],
+  [`ProtocolError`][smartnsq.errors.ProtocolError] (the peer sent bytes that are not NSQ)
+  and [`NSQTimeout`][smartnsq.errors.NSQTimeout].
 """
 
 from __future__ import annotations

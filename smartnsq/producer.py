@@ -59,7 +59,7 @@ class _Node(NodeHealth):
 class Producer(ProducerCore[_Node]):
     """Publishes messages to one or more nsqd.
 
-    Use it as an async context manager::
+    Use it as an async context manager:
 
         async with Producer(nsqd_tcp_addresses=["127.0.0.1:4150"]) as producer:
             await producer.publish("events", b"hello")
@@ -281,7 +281,7 @@ class Producer(ProducerCore[_Node]):
         """Publish several messages with MPUB, split into as few batches as nsqd accepts.
 
         Batches go out in order, all to one partition. If one fails after earlier ones
-        succeeded, :class:`~smartnsq.errors.PartialPublish` says how many messages were
+        succeeded, [`PartialPublish`][smartnsq.errors.PartialPublish] says how many messages were
         acknowledged. With ``trace_ids`` (one per message; generated when tracing is on for the
         topic) it sends MPUB_TRACE and returns one [`PublishResult`][smartnsq.PublishResult]
         per batch.

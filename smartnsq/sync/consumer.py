@@ -39,13 +39,14 @@ class _Handed:
 class Consumer:
     """Consumes a channel of a topic from plain (non-async) code.
 
-    Iterate::
+    Iterate:
 
         with Consumer("events", "archive", lookupd_http_addresses=[...]) as consumer:
             for message in consumer:
                 ...   # FINed when the next one is taken (or when the block ends normally)
 
-    or give a handler and block in :meth:`run` (until :meth:`stop`, Ctrl-C or SIGTERM)::
+    or give a handler and block in [`run`][smartnsq.sync.Consumer.run] (until
+    [`stop`][smartnsq.sync.Consumer.stop], Ctrl-C or SIGTERM):
 
         Consumer("events", "archive", handle, lookupd_http_addresses=[...]).run()
 

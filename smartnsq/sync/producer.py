@@ -54,7 +54,7 @@ class Producer(ProducerCore[_Node]):
     """Publishes messages to one or more nsqd from plain (non-async) code.
 
     The same arguments, methods and guarantees as [`smartnsq.Producer`][smartnsq.Producer],
-    without ``await``::
+    without ``await``:
 
         with Producer(["127.0.0.1:4150"]) as producer:
             producer.publish("events", b"hello")
