@@ -311,9 +311,10 @@ class Consumer:
                 (at most one a second).
             lookupd_poll_jitter: Each wait between queries is ``lookupd_poll_interval`` times
                 a random factor in ``[1 - jitter, 1 + jitter]``; in ``[0, 1)``, default 0.3.
-            reconnect_min: First delay before reconnecting to an nsqd that failed, default 0.5
-                (> 0). It doubles with each failure in a row, up to ``reconnect_max``, and is
-                shortened by up to half at random.
+            reconnect_min: Base of the delay before reconnecting to an nsqd, default 0.5
+                (> 0): after a connection that ended without an error, ``reconnect_min``;
+                after ``n`` failures in a row, ``reconnect_min * 2**n`` (at most
+                ``reconnect_max``); each shortened by up to half at random.
             reconnect_max: Longest delay between reconnection attempts, default 60.0 (> 0).
             rdy_redistribute_interval: How often RDY is recomputed over the connections,
                 default 5.0 (> 0). With fewer ``max_in_flight`` slots than connections, a
