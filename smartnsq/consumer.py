@@ -75,6 +75,20 @@ _CALL = 2  # inbox item (_CALL, function, args): a Message method called off the
 
 @dataclass(frozen=True, slots=True)
 class ConsumerStats:
+    """A snapshot of a consumer's counters ([`Consumer.stats`][smartnsq.Consumer.stats]).
+
+    Attributes:
+        received: Messages received from nsqd.
+        finished: Messages FINed (a FIN that could not be written because the connection was
+            gone is not counted: nsqd redelivers the message).
+        requeued: Messages REQed (with the same rule).
+        discarded: Messages given up after ``max_attempts`` (FINed without calling the
+            handler).
+        connections: nsqd connections (or partition connections) currently subscribed.
+        in_flight: Messages received and not answered yet.
+        backoff_level: Current backoff level (0: not backing off).
+    """
+
     received: int
     finished: int
     requeued: int
@@ -154,8 +168,6 @@ class _Reader:
 class Consumer:
     """Consumes a channel of a topic from one or more nsqd.
 
-    ::
-
         async def handle(message: Message) -> None:
             ...  # return: FIN; return False or raise: REQ with backoff
 
@@ -172,17 +184,31 @@ class Consumer:
     ``async def`` handlers run on the event loop, ``concurrency`` at a time. Plain ``def``
     handlers run in a pool of up to ``concurrency`` worker threads (default:
     ``max_in_flight``, at most 100), so a handler that blocks does not stop the event loop
-    from answering nsqd's heartbeats; :meth:`Message.finish` and friends may be called from
-    those threads.
+    from answering nsqd's heartbeats; [`Message.finish`][smartnsq.Message.finish] and friends
+    may be called from those threads.
 
     One nsqd or nsqlookupd that fails, in whatever way, is logged, retried with backoff and
     does not stop consumption from the others.
 
-    Or pull messages without a handler::
+    Or pull messages without a handler:
 
         async with Consumer("events", "archive", nsqd_tcp_addresses=[...]) as consumer:
             async for message in consumer:
                 ...  # finished automatically when the next one is pulled
+
+    A Consumer can be started once, and belongs to the event loop (thread) and process that
+    started it: used from another thread it raises
+    [`WrongEventLoop`][smartnsq.errors.WrongEventLoop], in a child after ``fork()``
+    [`UsedAfterFork`][smartnsq.errors.UsedAfterFork].
+
+    Attributes:
+        topic: The topic consumed.
+        channel: The channel subscribed to.
+        trace: Run-time trace switch ([`TraceSwitch`][smartnsq.trace.TraceSwitch]): while
+            tracing is on for the topic, each message received is written as a ``consume``
+            trace record.
+        last_error: The last error an nsqd refused the subscription with (say, an ordered
+            topic subscribed with ``ordered=False``), or None.
     """
 
     def __init__(
@@ -228,6 +254,134 @@ class Consumer:
         blocked_error_attempts: int = 50,
         auth_over_plaintext: bool = True,
     ) -> None:
+        """Configure a consumer; nothing connects until it is started.
+
+        Start it with ``async with``, [`run`][smartnsq.Consumer.run] or
+        [`smartnsq.run`][smartnsq.run]. Every argument is checked here: a wrong type raises
+        [`InvalidType`][smartnsq.errors.InvalidType], a value out of range
+        [`InvalidArgument`][smartnsq.errors.InvalidArgument]. Times are in seconds.
+
+        Args:
+            topic: The topic to consume (NSQ's naming rules: 1-64 characters of
+                ``[.a-zA-Z0-9_-]``, optionally ending in ``#ephemeral``).
+            channel: The channel to subscribe to (the same rules as ``topic``). Consumers on
+                one channel share its messages; each channel gets every message.
+            handler: Called with each [`Message`][smartnsq.Message]. An ``async def`` handler
+                runs on the event loop, ``concurrency`` at a time; a plain ``def`` handler runs
+                in a pool of up to ``concurrency`` worker threads. Returning ``None``, ``True``
+                or anything but ``False`` FINs the message; returning ``False`` or raising REQs
+                it (the exception is logged with its traceback) and counts as a failure for
+                backoff. An awaitable it returns is awaited first. ``None`` (the default):
+                no handler; iterate with ``async for message in consumer``.
+            nsqd_tcp_addresses: nsqd TCP addresses (``host:port``) to connect to directly.
+                Each is kept connected (reconnecting with backoff, see ``reconnect_min``)
+                whatever the lookupds say.
+            lookupd_http_addresses: nsqlookupd HTTP addresses (``host:port`` or an
+                ``http(s)://`` URL). Every lookupd is asked at once, every
+                ``lookupd_poll_interval``; the consumer connects to each nsqd that has the
+                topic (on Youzan, one connection per partition) and disconnects from the ones
+                no lookupd lists any more. At least one of ``nsqd_tcp_addresses`` and
+                ``lookupd_http_addresses`` is required.
+            max_in_flight: Most messages held at once over all connections (the sum of the
+                RDY counts), an int >= 0; 0 pauses. It is spread evenly over the connections;
+                with fewer than there are connections, connections take turns holding RDY 1.
+                Default 1. Change it at run time with
+                [`set_max_in_flight`][smartnsq.Consumer.set_max_in_flight].
+            max_attempts: A message delivered more than this many times is not handed to the
+                handler: it goes to ``on_giving_up`` (or a warning is logged) and is FINed.
+                0 means no limit. Not applied on ordered partitions, where skipping a message
+                would break the order. Default 5.
+            requeue_delay: Delay of a REQ when the handler fails (or calls
+                ``message.requeue()`` without a delay): ``requeue_delay`` times the message's
+                attempts, capped by ``max_requeue_delay``. Default 90.0. Ordered partitions
+                always requeue with no delay.
+            max_requeue_delay: Cap of that delay, default 3600.0 (nsqd caps it at its own
+                ``--max-req-timeout`` too).
+            backoff: Whether failures slow consumption down. Each failure raises the backoff
+                level (each success lowers it); while it is above 0 every connection gets RDY 0
+                for a window of ``backoff_unit * 2**level`` seconds (at most
+                ``max_backoff_duration``, shortened by up to 20 % at random), then one random
+                connection gets RDY 1 to test the waters. Back at level 0, full RDY resumes.
+                Default True.
+            max_backoff_duration: Longest backoff window, default 128.0 (> 0). It also caps the
+                level at ``ceil(log2(max_backoff_duration / backoff_unit))``.
+            backoff_unit: Length of the level-1 backoff window's unit, default 1.0 (> 0).
+            lookupd_poll_interval: Time between two lookupd queries, default 60.0 (> 0),
+                varied by ``lookupd_poll_jitter``. A dropped connection triggers an early query
+                (at most one a second).
+            lookupd_poll_jitter: Each wait between queries is ``lookupd_poll_interval`` times
+                a random factor in ``[1 - jitter, 1 + jitter]``; in ``[0, 1)``, default 0.3.
+            reconnect_min: Base of the delay before reconnecting to an nsqd, default 0.5
+                (> 0): after a connection that ended without an error, ``reconnect_min``;
+                after ``n`` failures in a row, ``reconnect_min * 2**n`` (at most
+                ``reconnect_max``); each shortened by up to half at random.
+            reconnect_max: Longest delay between reconnection attempts, default 60.0 (> 0).
+            rdy_redistribute_interval: How often RDY is recomputed over the connections,
+                default 5.0 (> 0). With fewer ``max_in_flight`` slots than connections, a
+                connection that has held RDY this long gives it to one that waits.
+            low_rdy_idle_timeout: With fewer slots than connections, a connection holding RDY
+                that received nothing for this long gives it to one that waits; default 10.0
+                (> 0).
+            concurrency: How many handlers run at once: worker tasks for an ``async def``
+                handler, at most this many threads for a plain ``def`` one (threads are added
+                only while handlers are stuck). An int >= 1; default ``max_in_flight``, kept
+                between 1 and 100.
+            auto_touch: Whether to TOUCH messages whose handler is still running: checked
+                every second, a message is touched once half of nsqd's message timeout has
+                passed since it arrived (or was last touched), until nsqd's
+                ``--max-msg-timeout`` since it arrived. Default False.
+            msg_timeout: How long nsqd waits for an answer to a message before delivering it
+                again, sent in IDENTIFY (nsqd caps it at ``--max-msg-timeout``). Default None:
+                nsqd's ``--msg-timeout`` (60 s by default).
+            heartbeat_interval: How often nsqd sends a heartbeat, sent in IDENTIFY: 1 to 60,
+                or -1 to disable. A connection silent for two intervals (plus 10 %, at least
+                0.5 s) is closed and reconnected. Default 30.0.
+            on_giving_up: Called with a message that exceeded ``max_attempts``, before it is
+                FINed; may be ``async`` (then awaited in the background). Its exceptions are
+                logged. Default None: a warning is logged.
+            tls: ``True`` for TLS with the system's trusted certificates and host name
+                verification, an ``ssl.SSLContext`` for your own settings
+                (client certificates, a private CA), ``False`` (default) for plain TCP.
+            tls_hostname: Name the server certificate is checked against; default: the host
+                of the nsqd address.
+            snappy: Compress the connection with Snappy. Default False.
+            deflate: Compress the connection with DEFLATE (not together with ``snappy``).
+                Default False.
+            deflate_level: DEFLATE level, 1 to 9, default 6.
+            auth_secret: Secret sent with AUTH when nsqd requires authentication. Without TLS
+                it is readable on the network: a warning is given once per process (see
+                ``auth_over_plaintext``).
+            client_id: Client id reported to nsqd (shown in its stats); default: the short host
+                name.
+            sample_rate: Percentage of the channel's messages nsqd delivers to this consumer,
+                0 to 99; 0 (default) delivers all.
+            connect_timeout: Time allowed for the TCP connection to an nsqd, default 5.0.
+            ordered: Youzan ordered topics: ``True`` subscribes with ``SUB_ORDERED`` (one
+                message in flight per partition, checked by offset), ``False`` never does,
+                ``None`` (default) follows the topic's metadata from lookupd and what nsqd
+                demands.
+            ext: Youzan ext topics (messages with JSON headers): ``True`` negotiates
+                ``extend_support``, ``False`` does not, ``None`` (default) follows the topic.
+            on_order_violation: Called as ``(message, last_internal_id, last_offset)`` when a
+                message of an ordered partition comes before the previous one (its internal
+                id or offset went backwards); the violation is logged as an error either way.
+                May be ``async``. Default None.
+            on_blocked: Called with a message of an ordered partition that arrives with at
+                least ``blocked_warn_attempts`` attempts (it blocks its partition). May be
+                ``async``. Default None.
+            blocked_warn_attempts: On ordered partitions, a message on this many attempts (and
+                every multiple of it) is logged as a warning; an int >= 1, default 10.
+            blocked_error_attempts: From this many attempts on, that log line is an error;
+                an int >= 1, default 50.
+            auth_over_plaintext: ``False`` refuses to send ``auth_secret`` to an nsqd that asks
+                for it over an unencrypted connection: the connection fails with
+                [`InsecureAuth`][smartnsq.errors.InsecureAuth]. Default True.
+
+        Raises:
+            InvalidArgument: A value is out of range, a name breaks NSQ's rules, or neither
+                ``nsqd_tcp_addresses`` nor ``lookupd_http_addresses`` was given.
+            InvalidType: A value has the wrong type.
+        """
         self.topic = validate_topic(topic)
         self.channel = validate_channel(channel)
         if handler is not None and not callable(handler):
@@ -374,7 +528,14 @@ class Consumer:
             await self._tg.__aexit__(None, None, None)
 
     async def run(self) -> None:
-        """Start consuming and block until :meth:`stop` is called (from another task)."""
+        """Start consuming and block until [`stop`][smartnsq.Consumer.stop] is called.
+
+        Call ``stop`` from another task (or a handler), or run the consumer with
+        [`smartnsq.run`][smartnsq.run], which stops it on SIGINT or SIGTERM.
+
+        Raises:
+            NSQError: The consumer was already started.
+        """
         if self._started:
             raise NSQError("a Consumer can be started only once")
         self._started = True
@@ -402,7 +563,7 @@ class Consumer:
             tg.start_soon(self._run_workers)
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Stop gracefully.
+        """Stop gracefully; nothing is left in flight.
 
         Sends RDY 0 and CLS everywhere, requeues messages not yet handed to the handler (a
         message pulled with ``async for`` counts as handled and is finished), lets
@@ -413,6 +574,13 @@ class Consumer:
 
         Called again while a stop is under way, it waits for that stop, cutting its wait for
         running handlers down to ``timeout`` if that is sooner (say, on a second Ctrl-C).
+
+        Args:
+            timeout: Seconds running handlers get to finish (>= 0), default 10.0.
+
+        Raises:
+            WrongEventLoop: Called from another thread than the one running the consumer.
+            UsedAfterFork: Called in a child process after ``fork()``.
         """
         if self._thread != get_ident() or self._forks != FORKS[0]:
             wrong_owner("Consumer", self._thread, self._forks)
@@ -476,10 +644,26 @@ class Consumer:
 
     @property
     def max_in_flight(self) -> int:
+        """The current ``max_in_flight``.
+
+        Change it with [`set_max_in_flight`][smartnsq.Consumer.set_max_in_flight].
+        """
         return self._max_in_flight
 
     def set_max_in_flight(self, value: int) -> None:
-        """Change max_in_flight at run time; 0 pauses consumption."""
+        """Change ``max_in_flight`` at run time; 0 pauses consumption.
+
+        RDY is recomputed over the connections at once (lowered first, so the total never
+        exceeds the new value).
+
+        Args:
+            value: Most messages held at once over all connections, an int >= 0.
+
+        Raises:
+            InvalidArgument: ``value`` is negative.
+            InvalidType: ``value`` is not an int.
+            WrongEventLoop: Called from another thread than the one running the consumer.
+        """
         if self._thread != get_ident() or self._forks != FORKS[0]:
             wrong_owner("Consumer", self._thread, self._forks)
         check_number("max_in_flight", value, integer=True, min=0)
@@ -487,11 +671,23 @@ class Consumer:
         self._redistribute()
 
     def is_starved(self) -> bool:
-        """True when some connection has used 85% or more of its RDY on unanswered messages:
-        a batching handler should process what it holds now."""
+        """Whether some connection has used 85 % or more of its RDY on unanswered messages.
+
+        A handler that batches messages (``message.disable_auto_response()`` and answers
+        later) should process what it holds when this is True: nsqd sends nothing more on a
+        connection whose RDY is used up.
+
+        Returns:
+            True when some connection with RDY > 0 has at least 85 % of it in flight.
+        """
         return any(r.rdy and r.in_flight >= 0.85 * r.rdy for r in self._readers.values())
 
     def stats(self) -> ConsumerStats:
+        """Counters since the consumer started.
+
+        Returns:
+            A [`ConsumerStats`][smartnsq.ConsumerStats] snapshot.
+        """
         return ConsumerStats(
             received=self._received,
             finished=self._finished,

@@ -59,7 +59,7 @@ class _Node(NodeHealth):
 class Producer(ProducerCore[_Node]):
     """Publishes messages to one or more nsqd.
 
-    Use it as an async context manager::
+    Use it as an async context manager:
 
         async with Producer(nsqd_tcp_addresses=["127.0.0.1:4150"]) as producer:
             await producer.publish("events", b"hello")
@@ -72,11 +72,77 @@ class Producer(ProducerCore[_Node]):
     An nsqd that cannot be reached, does not speak NSQ or lets a publish time out is avoided
     for a while (growing with each failure), then tried again by one request at a time.
 
-    ``max_delay`` (seconds, default one hour as nsqd's ``--max-req-timeout``) is the longest
-    ``delay`` :meth:`publish` accepts; raise it when your nsqd allows more.
-    ``auth_over_plaintext=False`` refuses to send ``auth_secret`` to an nsqd without TLS.
-    A Producer belongs to the event loop (thread) and process that entered it; for plain
-    threads use :class:`smartnsq.sync.Producer`.
+    A Producer belongs to the event loop (thread) and process that entered it: used from
+    another thread it raises [`WrongEventLoop`][smartnsq.errors.WrongEventLoop], in a child
+    after ``fork()`` [`UsedAfterFork`][smartnsq.errors.UsedAfterFork]. For plain threads use
+    [`smartnsq.sync.Producer`][smartnsq.sync.Producer].
+
+    Args:
+        nsqd_tcp_addresses: nsqd TCP addresses (``host:port``) to publish to; publishes take
+            turns over the healthy ones. May be passed positionally.
+        lookupd_http_addresses: nsqlookupd HTTP addresses (``host:port`` or an ``http(s)://``
+            URL). With them, each topic's nsqd (on Youzan, its partitions and their leaders)
+            come from the lookupds; the topic must exist. At least one of
+            ``nsqd_tcp_addresses`` and ``lookupd_http_addresses`` is required.
+        lookupd_poll_interval: How long a topic's lookup answer is reused before the lookupds
+            are asked again (with some jitter), in seconds, default 60.0. Cluster errors
+            (a partition moved, its leader changed) refresh it at once.
+        sharding: How a ``sharding_key`` maps to a Youzan partition: ``"go"`` (default;
+            go-nsq's MurmurHash3 mapping), ``"java"`` (the Java SDK's ``hashCode`` mapping) or
+            a callable ``(key, partition_count) -> partition``.
+        connections_per_nsqd: Most connections opened to one nsqd, an int >= 1, default 1.
+            Requests are pipelined on each; more connections help only when one is
+            saturated.
+        timeout: Seconds a publish may take, retries included, unless the call gives its own
+            ``timeout``; default 10.0. When it runs out,
+            [`NSQTimeout`][smartnsq.errors.NSQTimeout] says the outcome is unknown.
+        max_retries: Retries after a failure that is safe to retry (a broken connection, a
+            retryable server error), an int >= 0, default 3; on another nsqd when there is
+            one.
+        retry_backoff: Wait before the first retry, in seconds, default 0.05; it doubles
+            with each retry (plus up to 50 % at random).
+        max_message_size: Largest message body accepted, in bytes, default 1 MiB (nsqd's
+            ``--max-msg-size`` default); larger bodies raise
+            [`MessageTooLarge`][smartnsq.errors.MessageTooLarge] before anything is sent.
+        max_body_size: Largest MPUB body, in bytes, default 5 MiB (nsqd's
+            ``--max-body-size`` default); ``publish_many`` splits its batch to fit. At least
+            ``max_message_size + 8``.
+        tls: ``True`` for TLS with the system's trusted certificates and host name
+            verification, an ``ssl.SSLContext`` for your own settings (client certificates, a
+            private CA), ``False`` (default) for plain TCP.
+        tls_hostname: Name the server certificate is checked against; default: the host of
+            the nsqd address.
+        snappy: Compress connections with Snappy. Default False.
+        deflate: Compress connections with DEFLATE (not together with ``snappy``). Default
+            False.
+        deflate_level: DEFLATE level, 1 to 9, default 6.
+        auth_secret: Secret sent with AUTH when nsqd requires authentication. Without TLS it
+            is readable on the network: a warning is given once per process (see
+            ``auth_over_plaintext``).
+        heartbeat_interval: How often nsqd sends a heartbeat, in seconds: 1 to 60, or -1 to
+            disable; default 30.0. A connection silent for two intervals (plus 10 %) is
+            closed and its nsqd avoided for a while.
+        connect_timeout: Seconds allowed for the TCP connection to an nsqd, default 5.0.
+        client_id: Client id reported to nsqd (shown in its stats); default: the short host
+            name.
+        identify: Extra fields for the IDENTIFY command (a dict of JSON values), sent as
+            they are. Default None.
+        max_delay: Longest ``delay`` [`publish`][smartnsq.Producer.publish] accepts, in
+            seconds, default 3600.0 (classic nsqd's default ``--max-req-timeout``); raise it
+            when your nsqd allows more.
+        auth_over_plaintext: ``False`` refuses to send ``auth_secret`` to an nsqd that asks
+            for it over an unencrypted connection: the connection fails with
+            [`InsecureAuth`][smartnsq.errors.InsecureAuth]. Default True.
+
+    Raises:
+        InvalidArgument: A value is out of range, or neither ``nsqd_tcp_addresses`` nor
+            ``lookupd_http_addresses`` was given.
+        InvalidType: A value has the wrong type.
+
+    Attributes:
+        trace: Run-time trace switch ([`TraceSwitch`][smartnsq.trace.TraceSwitch]): while
+            tracing is on for a topic, every publish to it is traced (a trace id is generated
+            when none is given) and written as a ``publish`` trace record.
     """
 
     def _setup(self) -> None:
@@ -110,7 +176,10 @@ class Producer(ProducerCore[_Node]):
         await self.close()
 
     async def close(self) -> None:
-        """Wait for outstanding answers (briefly), then close every connection."""
+        """Wait for outstanding answers (briefly), then close every connection.
+
+        ``async with`` calls it on exit; calling it again does nothing.
+        """
         if self._closed:
             return
         self._closed = True
@@ -140,15 +209,50 @@ class Producer(ProducerCore[_Node]):
     ) -> PublishResult | None:
         """Publish one message and return once nsqd has acknowledged it.
 
-        ``body`` is bytes or any other bytes-like object (bytearray, memoryview, ...); its
-        bytes are sent. ``delay`` (seconds) defers delivery (DPUB; classic nsqd only). On a
-        partitioned (Youzan) topic, ``sharding_key`` picks the partition (same key, same
-        partition, in order) and ``partition`` names one outright; otherwise partitions take
-        turns.
+        ``delay`` defers delivery (DPUB; classic nsqd only). On a partitioned (Youzan)
+        topic, ``sharding_key`` picks the partition (same key, same partition, in order) and
+        ``partition`` names one outright; otherwise partitions take turns.
         ``trace_id`` (or tracing switched on for the topic with ``producer.trace``) sends a
-        traced publish and returns a :class:`PublishResult`; ``headers`` sends the JSON ext
-        header of an ext topic. Plain publishes return ``None``.
-        ``delay`` may not exceed ``max_delay`` (see :class:`Producer`).
+        traced publish and returns a [`PublishResult`][smartnsq.PublishResult]; ``headers``
+        sends the JSON ext header of an ext topic. Plain publishes return ``None``.
+        On a connection failure, or a server error that is safe to retry, it is retried (up
+        to ``max_retries``, within ``timeout``), on another nsqd when there is one.
+
+        Args:
+            topic: The topic (NSQ's naming rules).
+            body: The message: bytes or any other bytes-like object (bytearray,
+                memoryview, ...); its bytes are sent. Not empty, at most
+                ``max_message_size`` bytes.
+            delay: Seconds before nsqd delivers it (DPUB; classic nsqd only), at most the
+                Producer's ``max_delay``. Not combined with ``trace_id`` or ``headers``.
+            partition: Youzan: the partition to publish to.
+            sharding_key: Youzan: a key (bytes, str or int) that picks the partition with the
+                Producer's ``sharding`` mapping: the same key always goes to the same
+                partition, so its messages keep their order.
+            trace_id: Youzan: publish traced (``PUB_TRACE``) with this trace id (an int in
+                ``[0, 2**64)``) and return a [`PublishResult`][smartnsq.PublishResult].
+            headers: Youzan ext topics: the JSON ext header (a mapping of JSON values),
+                sent with ``PUB_EXT``.
+            timeout: Seconds this call may take, retries included; default: the Producer's
+                ``timeout``.
+
+        Returns:
+            A [`PublishResult`][smartnsq.PublishResult] (partition, internal id, offset) for
+                a traced publish, else None.
+
+        Raises:
+            NSQTimeout: No answer within ``timeout``: the message may or may not have been
+                published.
+            MessageTooLarge: ``body`` is larger than ``max_message_size``; nothing was sent.
+            InvalidArgument: A bad argument (an empty body, a delay out of range, a
+                partition that does not exist); nothing was sent.
+            InvalidType: An argument of the wrong type; nothing was sent.
+            NotSupported: ``delay`` on a Youzan nsqd, or ``partition`` on a classic one;
+                nothing was sent.
+            NoNsqdAvailable: No nsqd could take the message (all down, or none listed).
+            ServerError: nsqd refused the message and a retry cannot help (or the retries
+                ran out).
+            ConnectionClosed: The connection failed and the retries ran out.
         """
         if self._thread != get_ident() or self._forks != FORKS[0]:
             wrong_owner("Producer", self._thread, self._forks)
@@ -177,9 +281,42 @@ class Producer(ProducerCore[_Node]):
         """Publish several messages with MPUB, split into as few batches as nsqd accepts.
 
         Batches go out in order, all to one partition. If one fails after earlier ones
-        succeeded, :class:`~smartnsq.errors.PartialPublish` says how many messages were
+        succeeded, [`PartialPublish`][smartnsq.errors.PartialPublish] says how many messages were
         acknowledged. With ``trace_ids`` (one per message; generated when tracing is on for the
-        topic) it sends MPUB_TRACE and returns one :class:`PublishResult` per batch.
+        topic) it sends MPUB_TRACE and returns one [`PublishResult`][smartnsq.PublishResult]
+        per batch.
+
+        Args:
+            topic: The topic (NSQ's naming rules).
+            bodies: The messages, an iterable of bytes-like objects (at least one; each
+                non-empty and at most ``max_message_size`` bytes). Split into as few MPUBs
+                as fit ``max_body_size``.
+            partition: Youzan: the partition to publish to.
+            sharding_key: Youzan: a key that picks the partition (see
+                [`publish`][smartnsq.Producer.publish]); every message goes to it.
+            trace_ids: Youzan: one trace id per message; the batches go out as
+                ``MPUB_TRACE``.
+            timeout: Seconds each batch may take, retries included; default: the
+                Producer's ``timeout``.
+
+        Returns:
+            For a traced publish (``trace_ids`` given, or tracing on for the topic), one
+                [`PublishResult`][smartnsq.PublishResult] per batch (ids and offset of its
+                first message); else None.
+
+        Raises:
+            PartialPublish: A later batch failed after earlier ones were acknowledged:
+                ``published`` says how many messages were.
+            NSQTimeout: No answer within ``timeout``: the failed batch may or may not have
+                been published.
+            MessageTooLarge: A body is larger than ``max_message_size``; nothing was sent.
+            InvalidArgument: A bad argument (no message, an empty body, a wrong number of
+                trace ids); nothing was sent.
+            InvalidType: An argument of the wrong type (a single body instead of a list);
+                nothing was sent.
+            NoNsqdAvailable: No nsqd could take the batch.
+            ServerError: nsqd refused the first batch and a retry cannot help.
+            ConnectionClosed: The connection failed and the retries ran out.
         """
         if self._thread != get_ident() or self._forks != FORKS[0]:
             wrong_owner("Producer", self._thread, self._forks)

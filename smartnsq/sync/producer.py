@@ -53,8 +53,8 @@ class _Node(NodeHealth):
 class Producer(ProducerCore[_Node]):
     """Publishes messages to one or more nsqd from plain (non-async) code.
 
-    The same arguments, methods and guarantees as :class:`smartnsq.Producer`, without
-    ``await``::
+    The same arguments, methods and guarantees as [`smartnsq.Producer`][smartnsq.Producer],
+    without ``await``:
 
         with Producer(["127.0.0.1:4150"]) as producer:
             producer.publish("events", b"hello")
@@ -65,7 +65,75 @@ class Producer(ProducerCore[_Node]):
     no event loop and no background thread. Lookups (the first publish to a topic through
     lookupd, about once per ``lookupd_poll_interval``, and after cluster errors) run the same
     lookup code as the async client on a short-lived event loop in the calling thread.
-    A Producer cannot be used after ``fork()``: create one in the child.
+    A Producer cannot be used after ``fork()``
+    ([`UsedAfterFork`][smartnsq.errors.UsedAfterFork]): create one in the child.
+
+    Args:
+        nsqd_tcp_addresses: nsqd TCP addresses (``host:port``) to publish to; publishes take
+            turns over the healthy ones. May be passed positionally.
+        lookupd_http_addresses: nsqlookupd HTTP addresses (``host:port`` or an ``http(s)://``
+            URL). With them, each topic's nsqd (on Youzan, its partitions and their leaders)
+            come from the lookupds; the topic must exist. At least one of
+            ``nsqd_tcp_addresses`` and ``lookupd_http_addresses`` is required.
+        lookupd_poll_interval: How long a topic's lookup answer is reused before the lookupds
+            are asked again (with some jitter), in seconds, default 60.0. Cluster errors
+            (a partition moved, its leader changed) refresh it at once.
+        sharding: How a ``sharding_key`` maps to a Youzan partition: ``"go"`` (default;
+            go-nsq's MurmurHash3 mapping), ``"java"`` (the Java SDK's ``hashCode`` mapping) or
+            a callable ``(key, partition_count) -> partition``.
+        connections_per_nsqd: Most connections opened to one nsqd, an int >= 1, default 1.
+            Requests are pipelined on each; more connections help only when one is
+            saturated.
+        timeout: Seconds a publish may take, retries included, unless the call gives its own
+            ``timeout``; default 10.0. When it runs out,
+            [`NSQTimeout`][smartnsq.errors.NSQTimeout] says the outcome is unknown.
+        max_retries: Retries after a failure that is safe to retry (a broken connection, a
+            retryable server error), an int >= 0, default 3; on another nsqd when there is
+            one.
+        retry_backoff: Wait before the first retry, in seconds, default 0.05; it doubles
+            with each retry (plus up to 50 % at random).
+        max_message_size: Largest message body accepted, in bytes, default 1 MiB (nsqd's
+            ``--max-msg-size`` default); larger bodies raise
+            [`MessageTooLarge`][smartnsq.errors.MessageTooLarge] before anything is sent.
+        max_body_size: Largest MPUB body, in bytes, default 5 MiB (nsqd's
+            ``--max-body-size`` default); ``publish_many`` splits its batch to fit. At least
+            ``max_message_size + 8``.
+        tls: ``True`` for TLS with the system's trusted certificates and host name
+            verification, an ``ssl.SSLContext`` for your own settings (client certificates, a
+            private CA), ``False`` (default) for plain TCP.
+        tls_hostname: Name the server certificate is checked against; default: the host of
+            the nsqd address.
+        snappy: Compress connections with Snappy. Default False.
+        deflate: Compress connections with DEFLATE (not together with ``snappy``). Default
+            False.
+        deflate_level: DEFLATE level, 1 to 9, default 6.
+        auth_secret: Secret sent with AUTH when nsqd requires authentication. Without TLS it
+            is readable on the network: a warning is given once per process (see
+            ``auth_over_plaintext``).
+        heartbeat_interval: How often nsqd sends a heartbeat, in seconds: 1 to 60, or -1 to
+            disable; default 30.0. A connection silent for two intervals (plus 10 %) is
+            closed and its nsqd avoided for a while.
+        connect_timeout: Seconds allowed for the TCP connection to an nsqd, default 5.0.
+        client_id: Client id reported to nsqd (shown in its stats); default: the short host
+            name.
+        identify: Extra fields for the IDENTIFY command (a dict of JSON values), sent as
+            they are. Default None.
+        max_delay: Longest ``delay`` [`publish`][smartnsq.sync.Producer.publish] accepts, in
+            seconds, default 3600.0 (classic nsqd's default ``--max-req-timeout``); raise it
+            when your nsqd allows more.
+        auth_over_plaintext: ``False`` refuses to send ``auth_secret`` to an nsqd that asks
+            for it over an unencrypted connection: the connection fails with
+            [`InsecureAuth`][smartnsq.errors.InsecureAuth]. Default True.
+
+    Raises:
+        InvalidArgument: A value is out of range, or neither ``nsqd_tcp_addresses`` nor
+            ``lookupd_http_addresses`` was given.
+        InvalidType: A value has the wrong type.
+
+    Attributes:
+        trace: Run-time trace switch ([`TraceSwitch`][smartnsq.trace.TraceSwitch]): while
+            tracing is on for a topic, every publish to it is traced (a trace id is generated
+            when none is given) and written as a ``publish`` trace record.
     """
 
     def _setup(self) -> None:
@@ -91,7 +159,10 @@ class Producer(ProducerCore[_Node]):
         self.close()
 
     def close(self) -> None:
-        """Wait (briefly) for outstanding answers, then close every connection."""
+        """Wait (briefly) for outstanding answers, then close every connection.
+
+        ``with`` calls it on exit; calling it again does nothing.
+        """
         if self._closed:
             return
         self._closed = True
@@ -122,7 +193,46 @@ class Producer(ProducerCore[_Node]):
         headers: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> PublishResult | None:
-        """Publish one message; see :meth:`smartnsq.Producer.publish`."""
+        """Publish one message and return once nsqd has acknowledged it.
+
+        The same as [`smartnsq.Producer.publish`][smartnsq.Producer.publish], blocking.
+
+        Args:
+            topic: The topic (NSQ's naming rules).
+            body: The message: bytes or any other bytes-like object (bytearray,
+                memoryview, ...); its bytes are sent. Not empty, at most
+                ``max_message_size`` bytes.
+            delay: Seconds before nsqd delivers it (DPUB; classic nsqd only), at most the
+                Producer's ``max_delay``. Not combined with ``trace_id`` or ``headers``.
+            partition: Youzan: the partition to publish to.
+            sharding_key: Youzan: a key (bytes, str or int) that picks the partition with the
+                Producer's ``sharding`` mapping: the same key always goes to the same
+                partition, so its messages keep their order.
+            trace_id: Youzan: publish traced (``PUB_TRACE``) with this trace id (an int in
+                ``[0, 2**64)``) and return a [`PublishResult`][smartnsq.PublishResult].
+            headers: Youzan ext topics: the JSON ext header (a mapping of JSON values),
+                sent with ``PUB_EXT``.
+            timeout: Seconds this call may take, retries included; default: the Producer's
+                ``timeout``.
+
+        Returns:
+            A [`PublishResult`][smartnsq.PublishResult] (partition, internal id, offset) for
+                a traced publish, else None.
+
+        Raises:
+            NSQTimeout: No answer within ``timeout``: the message may or may not have been
+                published.
+            MessageTooLarge: ``body`` is larger than ``max_message_size``; nothing was sent.
+            InvalidArgument: A bad argument (an empty body, a delay out of range, a
+                partition that does not exist); nothing was sent.
+            InvalidType: An argument of the wrong type; nothing was sent.
+            NotSupported: ``delay`` on a Youzan nsqd, or ``partition`` on a classic one;
+                nothing was sent.
+            NoNsqdAvailable: No nsqd could take the message (all down, or none listed).
+            ServerError: nsqd refused the message and a retry cannot help (or the retries
+                ran out).
+            ConnectionClosed: The connection failed and the retries ran out.
+        """
         self._check_usable()
         plan = self._plan_publish(
             topic, body, delay, partition, sharding_key, trace_id, headers, timeout
@@ -147,7 +257,43 @@ class Producer(ProducerCore[_Node]):
         trace_ids: Sequence[int] | None = None,
         timeout: float | None = None,
     ) -> list[PublishResult] | None:
-        """Publish several messages with MPUB; see :meth:`smartnsq.Producer.publish_many`."""
+        """Publish several messages with MPUB, split into as few batches as nsqd accepts.
+
+        The same as [`smartnsq.Producer.publish_many`][smartnsq.Producer.publish_many],
+        blocking.
+
+        Args:
+            topic: The topic (NSQ's naming rules).
+            bodies: The messages, an iterable of bytes-like objects (at least one; each
+                non-empty and at most ``max_message_size`` bytes). Split into as few MPUBs
+                as fit ``max_body_size``.
+            partition: Youzan: the partition to publish to.
+            sharding_key: Youzan: a key that picks the partition (see
+                [`publish`][smartnsq.sync.Producer.publish]); every message goes to it.
+            trace_ids: Youzan: one trace id per message; the batches go out as
+                ``MPUB_TRACE``.
+            timeout: Seconds each batch may take, retries included; default: the
+                Producer's ``timeout``.
+
+        Returns:
+            For a traced publish (``trace_ids`` given, or tracing on for the topic), one
+                [`PublishResult`][smartnsq.PublishResult] per batch (ids and offset of its
+                first message); else None.
+
+        Raises:
+            PartialPublish: A later batch failed after earlier ones were acknowledged:
+                ``published`` says how many messages were.
+            NSQTimeout: No answer within ``timeout``: the failed batch may or may not have
+                been published.
+            MessageTooLarge: A body is larger than ``max_message_size``; nothing was sent.
+            InvalidArgument: A bad argument (no message, an empty body, a wrong number of
+                trace ids); nothing was sent.
+            InvalidType: An argument of the wrong type (a single body instead of a list);
+                nothing was sent.
+            NoNsqdAvailable: No nsqd could take the batch.
+            ServerError: nsqd refused the first batch and a retry cannot help.
+            ConnectionClosed: The connection failed and the retries ran out.
+        """
         self._check_usable()
         plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout)
         if type(plan) is bytes:
