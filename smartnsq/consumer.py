@@ -50,6 +50,7 @@ from smartnsq.inbox import Inbox
 from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.message import Message, id_text
+from smartnsq.observe.logs import OncePerKind
 from smartnsq.observe.stats import ConsumerStats, consumer_stats
 from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
@@ -1100,7 +1101,7 @@ class Consumer:
         reader = _Reader(self, address, conn, partition, ordered=ordered, ext=ext)
         conn.on_messages = partial(self._on_messages, reader)
         conn.before_read = reader.before_read
-        conn.on_async_error = lambda err: log.warning("nsqd %s: %s", address, err)
+        conn.on_async_error = OncePerKind(log, address)
         sub = commands.sub_ordered if ordered else commands.sub
         refused: NSQError | None = None
         try:

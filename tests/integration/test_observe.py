@@ -12,7 +12,7 @@ from compat.cluster import free_port
 from smartnsq import Consumer, Message, Producer, ProducerStats
 from smartnsq.errors import NSQError
 from smartnsq.sync import Producer as SyncProducer
-from tests.helpers import create_channel, unique, wait_until
+from tests.helpers import channel_stats, create_channel, unique, wait_until
 
 pytestmark = [pytest.mark.integration]
 
@@ -175,3 +175,42 @@ async def test_an_outage_is_logged_once_per_state_change(cluster_factory, anyio_
         assert [m.split(" after ")[0] for m in ups] == [f"nsqd {nsqd.tcp} answers again"], ups
         assert not at(producer_up, logging.WARNING)
         assert not at(lines(caplog, mark, "smartnsq.consumer"), logging.WARNING)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_repeated_async_errors_are_logged_once_then_at_debug(
+    classic_cluster, anyio_backend, caplog
+):
+    nsqd = classic_cluster.nsqd[0]
+    topic, ch = unique("finfail"), "c"
+    create_channel(nsqd.http, topic, ch)
+    caplog.set_level(logging.DEBUG, logger="smartnsq")
+    held: list[Message] = []
+
+    async def hold(message: Message) -> None:
+        message.disable_auto_response()
+        held.append(message)
+
+    async with Producer([nsqd.tcp]) as producer:
+        await producer.publish_many(topic, [b"a", b"b", b"c"])
+    async with Consumer(
+        topic, ch, hold, nsqd_tcp_addresses=[nsqd.tcp], max_in_flight=3, msg_timeout=1
+    ) as consumer:
+        await wait_until(lambda: len(held) == 3, 10, "three messages held")
+        consumer.set_max_in_flight(0)
+
+        def timed_out() -> bool:
+            stats = channel_stats(nsqd.http, topic, ch) or {}
+            return stats.get("timeout_count") == 3
+
+        await wait_until(timed_out, 10, "nsqd timed the three out")
+        for message in held:
+            message.finish()  # nsqd answers E_FIN_FAILED to each
+        await wait_until(
+            lambda: sum("E_FIN_FAILED" in r.getMessage() for r in caplog.records) == 3,
+            10,
+            "three E_FIN_FAILED",
+        )
+    levels = [r.levelno for r in caplog.records if "E_FIN_FAILED" in r.getMessage()]
+    assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
