@@ -191,7 +191,7 @@ class Producer(ProducerCore[_Node]):
             wrong_owner("Producer", self._thread, self._forks)
         plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout)
         if type(plan) is bytes:
-            count = mpub_count(topic, plan)
+            count = len(bodies) if type(bodies) is list else mpub_count(topic, plan)
             try:
                 await self._send(plan, timeout, count)
             except NSQError:
@@ -306,9 +306,11 @@ class Producer(ProducerCore[_Node]):
                     self._suspect(node, conn)
                 raise timeout_error(limit) from None
             except (ConnectionClosed, ServerError, NoNsqdAvailable) as exc:
-                self._check_retryable(exc, conn)
-                if node is not None and conn is not None:  # it was sent: a retry follows
+                sent = node is not None and conn is not None
+                if node is not None and sent:
                     node.errors += 1
+                self._check_retryable(exc, conn)
+                if sent:  # the slow path below sends it again
                     self._retried += 1
                 route = None  # it failed: route afresh
         deadline = anyio.current_time() + limit

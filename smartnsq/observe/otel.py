@@ -104,12 +104,22 @@ def instrument(
 
 
 def uninstrument(client: Producer | SyncProducer | Consumer | SyncConsumer) -> None:
-    """Undo :func:`instrument` (for a consumer: before it is started)."""
+    """Undo :func:`instrument`; nothing happens if ``client`` was not instrumented.
+
+    Args:
+        client: The producer, or the consumer (not started yet).
+
+    Raises:
+        NSQError: The consumer is already started.
+    """
     if isinstance(client, ProducerCore):
         for name in _WRAPPED:
             vars(client).pop(name, None)
         return
     if isinstance(client, Consumer | SyncConsumer):
+        started = client._started if isinstance(client, Consumer) else client._portal is not None
+        if started:
+            raise NSQError("uninstrument a Consumer before starting it")
         original = getattr(client._handler, "__wrapped__", None)
         if original is not None and getattr(client._handler, "_smartnsq_traced", False):
             client._handler = original

@@ -158,7 +158,7 @@ class Producer(ProducerCore[_Node]):
         plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout)
         if type(plan) is bytes:
             data = plan
-            count = mpub_count(topic, data)
+            count = len(bodies) if type(bodies) is list else mpub_count(topic, data)
             try:
                 self._send(None, lambda p: data, None, None, timeout, count=count)
             except NSQError:

@@ -158,6 +158,8 @@ async def test_otel_spans_for_publish_and_handle(classic_cluster, anyio_backend,
         async with consumer:
             with pytest.raises(NSQError, match="before starting"):
                 otel.instrument(consumer, tracer_provider=provider)
+            with pytest.raises(NSQError, match="before starting"):
+                otel.uninstrument(consumer)
 
             def processed() -> list[Any]:
                 found = exporter.get_finished_spans()
