@@ -242,6 +242,9 @@ async def test_otel_spans_carry_youzan_ids(youzan_cluster, anyio_backend, spans)
         async with consumer:
             await wait_until(lambda: received, 20, "the message")
             await wait_until(lambda: len(exporter.get_finished_spans()) == 2, 10, "2 spans")
+            ((key, node),) = consumer.stats().nodes.items()  # one connection per partition
+            assert (key, node.partition, node.received) == (f"{node.address}/0", 0, 1)
+            assert producer.stats().nodes[node.address].published == 1
     assert result is not None
     sent, handled = exporter.get_finished_spans()
     for span in sent, handled:

@@ -214,3 +214,39 @@ async def test_repeated_async_errors_are_logged_once_then_at_debug(
         )
     levels = [r.levelno for r in caplog.records if "E_FIN_FAILED" in r.getMessage()]
     assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_backoff_is_logged_when_it_starts_and_ends(classic_cluster, anyio_backend, caplog):
+    nsqd = classic_cluster.nsqd[0]
+    topic, ch = unique("backofflog"), "c"
+    create_channel(nsqd.http, topic, ch)
+    caplog.set_level(logging.DEBUG, logger="smartnsq.consumer")
+    done: list[bytes] = []
+
+    async def handle(message: Message) -> None:
+        if message.body.startswith(b"f") and message.attempts == 1:
+            raise RuntimeError("fails once")
+        done.append(message.body)
+
+    async with Producer([nsqd.tcp]) as producer:
+        await producer.publish_many(topic, [b"f1", b"f2", b"ok1", b"ok2"])
+    async with Consumer(
+        topic,
+        ch,
+        handle,
+        nsqd_tcp_addresses=[nsqd.tcp],
+        requeue_delay=0,
+        backoff_unit=0.05,
+    ) as consumer:
+        await wait_until(lambda: len(done) == 4, 20, "every message handled")
+        await wait_until(lambda: consumer.stats().backoff_level == 0, 10, "backoff over")
+    records = [(r.levelno, r.getMessage()) for r in caplog.records]
+    starts = [m for lvl, m in records if lvl == logging.INFO and m.startswith("backing off")]
+    ends = [m for lvl, m in records if lvl == logging.INFO and m.startswith("backoff over")]
+    steps = [m for lvl, m in records if lvl == logging.DEBUG and m.startswith("backing off")]
+    assert starts and len(starts) == len(ends), records
+    assert all(m.endswith("(level 1)") for m in starts), starts
+    if len(starts) == 1:  # nsqd delivered in order: f1, f2 fail in a row, then successes
+        assert any(m.endswith("(level 2)") for m in steps), steps
