@@ -485,7 +485,11 @@ class Consumer:
         return any(r.rdy and r.in_flight >= 0.85 * r.rdy for r in self._readers.values())
 
     def stats(self) -> ConsumerStats:
-        """Counters since the start, and each subscribed connection's RDY and in-flight."""
+        """Counters since the start, and each subscribed connection's RDY and in-flight.
+
+        Returns:
+            A :class:`~smartnsq.ConsumerStats` snapshot (``nodes``: per connection).
+        """
         counts = self._received, self._finished, self._requeued, self._discarded
         return consumer_stats(*counts, self._backoff_level, list(self._readers.values()))
 
