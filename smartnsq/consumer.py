@@ -14,7 +14,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
-from dataclasses import dataclass
 from functools import partial
 from types import CoroutineType
 from typing import Any
@@ -51,6 +50,8 @@ from smartnsq.inbox import Inbox
 from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.message import Message, id_text
+from smartnsq.observe.logs import OncePerKind
+from smartnsq.observe.stats import ConsumerStats, consumer_stats
 from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import Span
@@ -73,31 +74,6 @@ _unpack_head = struct.Struct(">qH").unpack_from
 _CALL = 2  # inbox item (_CALL, function, args): a Message method called off the loop
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumerStats:
-    """A snapshot of a consumer's counters ([`Consumer.stats`][smartnsq.Consumer.stats]).
-
-    Attributes:
-        received: Messages received from nsqd.
-        finished: Messages FINed (a FIN that could not be written because the connection was
-            gone is not counted: nsqd redelivers the message).
-        requeued: Messages REQed (with the same rule).
-        discarded: Messages given up after ``max_attempts`` (FINed without calling the
-            handler).
-        connections: nsqd connections (or partition connections) currently subscribed.
-        in_flight: Messages received and not answered yet.
-        backoff_level: Current backoff level (0: not backing off).
-    """
-
-    received: int
-    finished: int
-    requeued: int
-    discarded: int
-    connections: int
-    in_flight: int
-    backoff_level: int
-
-
 class _Reader:
     """One subscribed connection and its RDY bookkeeping."""
 
@@ -115,6 +91,7 @@ class _Reader:
         "rdy",
         "rdy_left",
         "rdy_since",
+        "received",
         "write",
     )
 
@@ -144,6 +121,7 @@ class _Reader:
         self.rdy = 0
         self.rdy_left = 0
         self.in_flight = 0
+        self.received = 0
         now = time.monotonic()
         self.last_message = now
         self.rdy_since = now
@@ -474,6 +452,7 @@ class Consumer:
         self._awaiting: set[Message] = set()
         self._fin_readers: dict[int, _Reader] = {}  # thread index -> reader its FINs are for
         self._lookup_failures = 0
+        self._failures: dict[Target, int] = {}  # failed connection attempts in a row
         self._received = self._finished = self._requeued = self._discarded = 0
         self._backoff_level = 0
         self._backoff_blocked = False
@@ -683,20 +662,13 @@ class Consumer:
         return any(r.rdy and r.in_flight >= 0.85 * r.rdy for r in self._readers.values())
 
     def stats(self) -> ConsumerStats:
-        """Counters since the consumer started.
+        """Counters since the start, and each subscribed connection's RDY and in-flight.
 
         Returns:
-            A [`ConsumerStats`][smartnsq.ConsumerStats] snapshot.
+            A [`ConsumerStats`][smartnsq.ConsumerStats] snapshot (``nodes``: per connection).
         """
-        return ConsumerStats(
-            received=self._received,
-            finished=self._finished,
-            requeued=self._requeued,
-            discarded=self._discarded,
-            connections=len(self._readers),
-            in_flight=sum(r.in_flight for r in self._readers.values()),
-            backoff_level=self._backoff_level,
-        )
+        counts = self._received, self._finished, self._requeued, self._discarded
+        return consumer_stats(*counts, self._backoff_level, list(self._readers.values()))
 
     # -- pulling ---------------------------------------------------------------------------------
 
@@ -733,6 +705,7 @@ class Consumer:
         n = len(spans)
         reader.in_flight += n
         reader.rdy_left -= n
+        reader.received += n
         self._received += n
         reader.last_message = reader.batch_time
         if reader.rdy and reader.rdy_left <= reader.rdy >> 2 and not self._backoff_level:
@@ -945,7 +918,7 @@ class Consumer:
         try:
             reader.write(b"FIN " + b"\nFIN ".join(ids) + b"\n")
         except ConnectionClosed:
-            log.info(
+            log.debug(  # the lost connection itself is logged once
                 "could not finish %d messages: connection to %s is gone; nsqd will redeliver",
                 n,
                 reader.address,
@@ -1106,7 +1079,7 @@ class Consumer:
 
     @staticmethod
     def _answer_lost(msg: Message, what: str) -> None:
-        log.info(
+        log.debug(  # per message; the lost connection itself is logged once
             "could not %s message %s: connection to %s is gone; nsqd will redeliver it",
             what,
             id_text(msg),
@@ -1156,6 +1129,7 @@ class Consumer:
         """Count one handler result. While a backoff window is open, results do not count."""
         if self._backoff_blocked or self._stopping:
             return
+        entering = self._backoff_level == 0
         if success:
             if self._backoff_level == 0:
                 return
@@ -1166,16 +1140,16 @@ class Consumer:
             log.info("backoff over; resuming full RDY")
             self._redistribute()
             return
-        self._open_backoff_window()
+        self._open_backoff_window(logging.INFO if entering else logging.DEBUG)
 
-    def _open_backoff_window(self) -> None:
+    def _open_backoff_window(self, level: int) -> None:
         self._backoff_blocked = True
         self._backoff_epoch += 1
         for reader in self._readers.values():
             reader.set_rdy(0)
         interval = min(self.backoff_unit * 2**self._backoff_level, self.max_backoff_duration)
         interval *= random.uniform(0.8, 1.0)
-        log.info("backing off for %.2fs (level %d)", interval, self._backoff_level)
+        log.log(level, "backing off for %.2fs (level %d)", interval, self._backoff_level)
         if self._tg is not None:
             self._tg.start_soon(self._end_backoff_window, interval, self._backoff_epoch)
 
@@ -1248,30 +1222,31 @@ class Consumer:
             scope.cancel()
 
     async def _connection_loop(self, target: Target) -> None:
-        failures = 0
+        # One WARNING when a connection is lost (or the first attempt fails), DEBUG for the
+        # attempts after it, INFO when subscribed again (_connect_and_consume resets it).
         name = _target_name(target)
         with anyio.CancelScope() as scope:
             self._loops[target] = scope
             while target in self._wanted and not self._stopping:
                 try:
                     await self._connect_and_consume(target)
-                    failures = 0
+                    failures = self._failures[target] = 0
                 except (SubOrderRequired, SubExtendNeeded, SubExtendForbidden) as exc:
-                    failures += 1
+                    failures = self._failures[target] = self._failures.get(target, 0) + 1
                     if self._adapt(exc):
                         log.warning("nsqd %s: %s; switching subscription mode", name, exc)
-                        failures = 0
+                        self._failures[target] = 0
                         continue
                     self.last_error = exc
                     level = logging.ERROR if failures == 1 else logging.DEBUG
                     log.log(level, "nsqd %s refuses the subscription: %s", name, _explain(exc))
                 except Exception as exc:  # one bad node must not stop the rest
-                    failures += 1
+                    failures = self._failures[target] = self._failures.get(target, 0) + 1
                     level = logging.WARNING if failures == 1 else logging.DEBUG
                     expected = isinstance(exc, NSQError | OSError)
                     log.log(
                         level,
-                        "nsqd %s: %s (attempt %d)",
+                        "nsqd %s: %s; reconnecting (attempt %d; logged once until it recovers)",
                         name,
                         exc if expected else repr(exc),
                         failures,
@@ -1285,6 +1260,7 @@ class Consumer:
                 await anyio.sleep(delay * random.uniform(0.5, 1.0))
         if self._loops.get(target) is scope:
             del self._loops[target]
+            self._failures.pop(target, None)
 
     def _adapt(self, exc: ServerError) -> bool:
         """With ``ordered``/``ext`` left to the topic (None), follow what the server demands."""
@@ -1306,7 +1282,7 @@ class Consumer:
         reader = _Reader(self, address, conn, partition, ordered=ordered, ext=ext)
         conn.on_messages = partial(self._on_messages, reader)
         conn.before_read = reader.before_read
-        conn.on_async_error = lambda err: log.warning("nsqd %s: %s", address, err)
+        conn.on_async_error = OncePerKind(log, address)
         sub = commands.sub_ordered if ordered else commands.sub
         refused: NSQError | None = None
         try:
@@ -1319,12 +1295,14 @@ class Consumer:
                     tg.cancel_scope.cancel()
                     return
                 self._readers[target] = reader
+                failed = self._failures.pop(target, 0)
                 log.info(
-                    "subscribed to %s/%s on nsqd %s%s",
+                    "subscribed to %s/%s on nsqd %s%s%s",
                     self.topic,
                     self.channel,
                     _target_name(target),
                     " (ordered)" if ordered else "",
+                    f" again after {failed} failed attempts" if failed else "",
                 )
                 if not self._backoff_level and self._max_in_flight:
                     reader.set_rdy(1)  # prove the connection before giving it a full share
@@ -1372,6 +1350,8 @@ class Consumer:
             level = logging.WARNING if self._lookup_failures == 1 else logging.DEBUG
             log.log(level, "lookup of %s failed: %r", self.topic, exc, exc_info=exc)
         else:
+            if self._lookup_failures:
+                log.info("lookup of %s works again", self.topic)
             self._lookup_failures = 0
 
     async def _apply_lookup(self) -> None:

@@ -6,7 +6,6 @@ shared with the blocking :class:`smartnsq.sync.Producer`; this module sends and 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -37,12 +36,11 @@ from smartnsq.publishing import (
     batch_failed,
     check_server,
     emit_publish,
+    mpub_count,
     timeout_error,
 )
 
 __all__ = ["DEFAULT_MAX_BODY_SIZE", "DEFAULT_MAX_MESSAGE_SIZE", "Producer", "emit_publish"]
-
-log = logging.getLogger("smartnsq.producer")
 
 
 class _Node(NodeHealth):
@@ -54,6 +52,10 @@ class _Node(NodeHealth):
         super().__init__(address)
         self.connections: list[Connection] = []
         self.lock = anyio.Lock()
+
+    def load(self) -> tuple[int, int]:
+        conns = list(self.connections)
+        return len(conns), sum(c.pending for c in conns)
 
 
 class Producer(ProducerCore[_Node]):
@@ -259,13 +261,17 @@ class Producer(ProducerCore[_Node]):
         plan = self._plan_publish(
             topic, body, delay, partition, sharding_key, trace_id, headers, timeout
         )
-        if type(plan) is bytes:
-            await self._send(plan, timeout)
-            return None
-        assert isinstance(plan, Request)
-        answer, address, part = await self._send_routed(
-            topic, plan.build, partition, sharding_key, timeout, deferred=plan.deferred
-        )
+        try:
+            if type(plan) is bytes:
+                await self._send(plan, timeout)
+                return None
+            assert isinstance(plan, Request)
+            answer, address, part = await self._send_routed(
+                topic, plan.build, partition, sharding_key, timeout, deferred=plan.deferred
+            )
+        except NSQError:
+            self._failed += 1
+            raise
         return self._result(topic, plan, answer, address, part)
 
     async def publish_many(
@@ -322,7 +328,12 @@ class Producer(ProducerCore[_Node]):
             wrong_owner("Producer", self._thread, self._forks)
         plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout)
         if type(plan) is bytes:
-            await self._send(plan, timeout)
+            count = len(bodies) if type(bodies) is list else mpub_count(topic, plan)
+            try:
+                await self._send(plan, timeout, count)
+            except NSQError:
+                self._failed += count
+                raise
             return None
         assert not isinstance(plan, bytes)
         results: list[PublishResult] = []
@@ -331,22 +342,24 @@ class Producer(ProducerCore[_Node]):
             try:
                 if plan.routed:
                     answer, address, part = await self._send_routed(
-                        topic, request.build, partition, sharding_key, timeout
+                        topic, request.build, partition, sharding_key, timeout, count=request.count
                     )
                     result = self._result(topic, request, answer, address, part)
                     if result is not None:
                         results.append(result)
                 else:
-                    await self._send(request.build(None), timeout)
+                    await self._send(request.build(None), timeout, request.count)
             except NSQError as exc:
+                self._failed += plan.total - done
                 raise batch_failed(exc, done, plan.total)  # noqa: B904 - it sets the cause
             done += request.count
         return results if plan.traced else None
 
     # -- internals -------------------------------------------------------------------------------
 
-    async def _send(self, data: bytes, timeout: float | None) -> bytes:
-        """Plain publish to the configured nsqd (no routing): the fast path."""
+    async def _send(self, data: bytes, timeout: float | None, count: int = 1) -> bytes:
+        """Plain publish of ``count`` messages to the configured nsqd (no routing): the fast
+        path."""
         if self._tg is None or self._closed:
             raise NSQError("use the Producer inside 'async with Producer(...)' (or it is closed)")
         limit = self.timeout if timeout is None else timeout
@@ -359,12 +372,18 @@ class Producer(ProducerCore[_Node]):
                 self._suspect(node, conn)
                 raise timeout_error(limit) from None
             except (ConnectionClosed, ServerError) as exc:
+                node.errors += 1
                 self._check_retryable(exc, conn)
+                self._retried += 1  # by the slow path below
             else:
+                node.requests += 1
+                node.published += count
                 if node.failures:
                     node.mark_up()
                 return answer
-        answer, _, _ = await self._send_routed(None, lambda p: data, None, None, timeout)
+        answer, _, _ = await self._send_routed(
+            None, lambda p: data, None, None, timeout, count=count
+        )
         return answer
 
     def _ready_connection(self) -> Connection | None:
@@ -389,8 +408,9 @@ class Producer(ProducerCore[_Node]):
         timeout: float | None,
         *,
         deferred: bool = False,
+        count: int = 1,
     ) -> tuple[bytes, str, int | None]:
-        """Route, send, retry. Returns (answer, nsqd address, partition)."""
+        """Route, send, retry ``count`` messages. Returns (answer, nsqd address, partition)."""
         if self._tg is None or self._closed:
             raise NSQError("use the Producer inside 'async with Producer(...)' (or it is closed)")
         limit = self.timeout if timeout is None else timeout
@@ -413,6 +433,8 @@ class Producer(ProducerCore[_Node]):
                     and (part is None or layout.partitioned)  # else refused below
                 ):
                     answer = await conn.request(build(part), publish=True, timeout=limit)
+                    node.requests += 1
+                    node.published += count
                     if node.failures:
                         node.mark_up()
                     return answer, address, part
@@ -421,7 +443,12 @@ class Producer(ProducerCore[_Node]):
                     self._suspect(node, conn)
                 raise timeout_error(limit) from None
             except (ConnectionClosed, ServerError, NoNsqdAvailable) as exc:
+                sent = node is not None and conn is not None
+                if node is not None and sent:
+                    node.errors += 1
                 self._check_retryable(exc, conn)
+                if sent:  # the slow path below sends it again
+                    self._retried += 1
                 route = None  # it failed: route afresh
         deadline = anyio.current_time() + limit
         try:
@@ -429,7 +456,7 @@ class Producer(ProducerCore[_Node]):
             # connection); this outer bound covers connecting and lookups.
             with anyio.fail_after(limit + 0.2):
                 return await self._send_with_retries(
-                    topic, build, partition, key, deferred, route, deadline
+                    topic, build, partition, key, deferred, route, deadline, count
                 )
         except (TimeoutError, NSQTimeout):
             raise timeout_error(limit) from None
@@ -443,10 +470,13 @@ class Producer(ProducerCore[_Node]):
         deferred: bool,
         route: tuple[str, int | None] | None,
         deadline: float,
+        count: int,
     ) -> tuple[bytes, str, int | None]:
         attempt = 0
         refresh = False
         while True:
+            if attempt:
+                self._retried += 1
             conn: Connection | None = None
             try:
                 if self._lookup is not None and topic is not None:
@@ -467,6 +497,11 @@ class Producer(ProducerCore[_Node]):
                 except NSQTimeout:
                     self._suspect(node, conn)
                     raise
+                except (ConnectionClosed, ServerError):
+                    node.errors += 1
+                    raise
+                node.requests += 1
+                node.published += count
                 if node.failures:
                     node.mark_up()
                 return answer, conn.address, part
@@ -514,6 +549,7 @@ class Producer(ProducerCore[_Node]):
                     raise
                 raise failure from exc
             # Not marked up yet: only an answered request shows the node works.
+            self._connected(node)
             conn.on_close = lambda c: self._forget(node, c)
             node.connections.append(conn)
             assert self._tg is not None
@@ -524,16 +560,13 @@ class Producer(ProducerCore[_Node]):
         if conn in node.connections:
             node.connections.remove(conn)
         if not self._closed and not conn.retiring:  # lost, not closed by us
-            node.mark_down(self._now())
-            log.warning("connection to nsqd %s lost: %s", node.address, conn.close_reason)
+            node.mark_down(self._now(), f"connection lost: {conn.close_reason}")
 
     def _suspect(self, node: _Node, conn: Connection) -> None:
         """A request timed out: send nothing more through ``conn``, and avoid its nsqd."""
-        node.mark_down(self._now())
+        node.errors += 1
+        node.mark_down(self._now(), "did not answer a publish in time")
         if not conn.retiring and self._tg is not None:
-            log.warning(
-                "nsqd %s did not answer a publish in time; avoiding it for now", node.address
-            )
             self._tg.start_soon(conn.close, self.timeout)
 
 

@@ -44,6 +44,7 @@ from smartnsq.errors import (
 )
 from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.lookup.model import TopicLayout
+from smartnsq.observe.stats import ProducerNodeStats, ProducerStats
 from smartnsq.ordered.sharding import Sharder, ShardingKey, key_bytes, sharder_for
 from smartnsq.protocol import commands
 from smartnsq.protocol.handshake import ConnectionConfig, Features, parse_address
@@ -93,6 +94,12 @@ def check_trace_id(trace_id: object) -> None:
         raise InvalidArgument(f"trace_id must be an int in [0, 2**64), not {trace_id!r}")
 
 
+def mpub_count(topic: str, data: bytes) -> int:
+    """How many messages an MPUB for ``topic`` carries (its header says)."""
+    start = 10 + len(topic)  # "MPUB " + topic + "\n" + body size
+    return int.from_bytes(data[start : start + 4])
+
+
 def timeout_error(limit: float) -> NSQTimeout:
     return NSQTimeout(
         f"publish not acknowledged within {limit}s; it may or may not have been published"
@@ -129,25 +136,41 @@ def check_server(features: Features, address: str, part: int | None, deferred: b
 
 
 class NodeHealth:
-    """One nsqd's health.
+    """One nsqd's health and counters.
 
     A node that failed (could not be reached, answered garbage, let a request time out) is
     avoided for a growing while; then one request at a time may try it until one succeeds.
+    Each outage is logged once: WARNING when it starts, DEBUG while it lasts, INFO when the
+    node answers again.
     """
 
-    __slots__ = ("address", "down_until", "failures")
+    __slots__ = ("address", "down_until", "errors", "failures", "published", "requests")
 
     def __init__(self, address: str) -> None:
         self.address = address
         self.failures = 0
         self.down_until = 0.0
+        # Counted inline by the front doors (no call per request); read by stats().
+        self.published = 0
+        self.requests = 0
+        self.errors = 0
 
-    def mark_down(self, now: float) -> None:
+    def mark_down(self, now: float, reason: str) -> None:
         self.failures += 1
         delay = min(_MAX_DOWN, 0.1 * 2 ** min(self.failures, 10))
         self.down_until = now + delay * random.uniform(0.5, 1.0)
+        if self.failures == 1:
+            log.warning(
+                "nsqd %s: %s; avoiding it for now (logged once until it recovers)",
+                self.address,
+                reason,
+            )
+        else:
+            log.debug("nsqd %s: %s (failure %d in a row)", self.address, reason, self.failures)
 
     def mark_up(self) -> None:
+        if self.failures:
+            log.info("nsqd %s answers again after %d failures", self.address, self.failures)
         self.failures = 0
         self.down_until = 0.0
 
@@ -159,6 +182,10 @@ class NodeHealth:
             return False
         self.down_until = now + _PROBE_HOLD
         return True
+
+    def load(self) -> tuple[int, int]:
+        """(open connections, requests awaiting an answer); the front doors' nodes know."""
+        return 0, 0
 
 
 N = TypeVar("N", bound=NodeHealth)
@@ -269,10 +296,40 @@ class ProducerCore(Generic[N]):
         self.max_delay = max_delay
         self._topics: set[str] = set()
         self._pub_lines: dict[str, bytes] = {}
+        self._failed = 0  # messages of calls that raised
+        self._retried = 0  # requests sent again
         self._setup()
 
     def _setup(self) -> None:
         """The front door's own state (connections, lookups), after the settings."""
+
+    def stats(self) -> ProducerStats:
+        """Counters since the producer was created, in total and per nsqd.
+
+        Returns:
+            A :class:`~smartnsq.ProducerStats` snapshot.
+        """
+        nodes = {}
+        for node in list(self._by_address.values()):
+            connections, pending = node.load()
+            nodes[node.address] = ProducerNodeStats(
+                address=node.address,
+                published=node.published,
+                requests=node.requests,
+                errors=node.errors,
+                connections=connections,
+                pending=pending,
+                down=node.failures > 0,
+            )
+        every = nodes.values()
+        return ProducerStats(
+            published=sum(n.published for n in every),
+            requests=sum(n.requests for n in every),
+            failed=self._failed,
+            retried=self._retried,
+            connections=sum(n.connections for n in every),
+            nodes=nodes,
+        )
 
     def _new_node(self, address: str) -> N:
         raise NotImplementedError
@@ -564,10 +621,16 @@ class ProducerCore(Generic[N]):
         Unreachable, not speaking NSQ, or a bad address (port 0 from a lookupd) are all
         connection failures, which the caller retries elsewhere; a server error stays one.
         """
-        node.mark_down(self._now())
+        node.errors += 1
+        node.mark_down(self._now(), f"cannot connect: {exc}")
         if isinstance(exc, ConnectionClosed | ServerError):
             return exc
         return ConnectFailed(f"nsqd {node.address}: {exc}")
+
+    def _connected(self, node: N) -> None:
+        """A new connection to ``node`` is open (not proof yet that it works)."""
+        level = logging.DEBUG if node.failures else logging.INFO  # recovery logs at INFO
+        log.log(level, "connected to nsqd %s", node.address)
 
     @staticmethod
     def _retry_action(exc: Exception) -> bool:
@@ -587,7 +650,8 @@ class ProducerCore(Generic[N]):
         ``exc`` once ``max_retries`` are used up."""
         if attempt > self.max_retries:
             raise exc
-        log.info("publish failed (%s); retry %d of %d", exc, attempt, self.max_retries)
+        # DEBUG: every request in flight retries at once; the node's outage is logged once.
+        log.debug("publish failed (%s); retry %d of %d", exc, attempt, self.max_retries)
         return float(self.retry_backoff * 2.0 ** (attempt - 1) * random.uniform(1, 1.5))
 
 

@@ -18,9 +18,10 @@ import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from smartnsq.consumer import Consumer as AsyncConsumer
-from smartnsq.consumer import ConsumerStats, Handler
+from smartnsq.consumer import Handler
 from smartnsq.errors import InvalidType, NSQError
 from smartnsq.message import Message
+from smartnsq.observe.stats import ConsumerStats
 
 _FIN, _REQUEUE, _BACK = "fin", "requeue", "back"
 

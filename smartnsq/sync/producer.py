@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,11 +31,10 @@ from smartnsq.publishing import (
     Request,
     batch_failed,
     check_server,
+    mpub_count,
     timeout_error,
 )
 from smartnsq.sync.connection import SyncConnection
-
-log = logging.getLogger("smartnsq.producer")
 
 
 class _Node(NodeHealth):
@@ -48,6 +46,10 @@ class _Node(NodeHealth):
         super().__init__(address)
         self.connections: list[SyncConnection] = []
         self.lock = threading.Lock()
+
+    def load(self) -> tuple[int, int]:
+        conns = self.connections  # replaced, never changed in place
+        return len(conns), sum(c.pending for c in conns)
 
 
 class Producer(ProducerCore[_Node]):
@@ -237,14 +239,18 @@ class Producer(ProducerCore[_Node]):
         plan = self._plan_publish(
             topic, body, delay, partition, sharding_key, trace_id, headers, timeout
         )
-        if type(plan) is bytes:
-            data = plan
-            self._send(None, lambda p: data, None, None, timeout)
-            return None
-        assert isinstance(plan, Request)
-        answer, address, part = self._send(
-            topic, plan.build, partition, sharding_key, timeout, deferred=plan.deferred
-        )
+        try:
+            if type(plan) is bytes:
+                data = plan
+                self._send(None, lambda p: data, None, None, timeout)
+                return None
+            assert isinstance(plan, Request)
+            answer, address, part = self._send(
+                topic, plan.build, partition, sharding_key, timeout, deferred=plan.deferred
+            )
+        except NSQError:
+            self._failed += 1
+            raise
         return self._result(topic, plan, answer, address, part)
 
     def publish_many(
@@ -298,7 +304,12 @@ class Producer(ProducerCore[_Node]):
         plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout)
         if type(plan) is bytes:
             data = plan
-            self._send(None, lambda p: data, None, None, timeout)
+            count = len(bodies) if type(bodies) is list else mpub_count(topic, data)
+            try:
+                self._send(None, lambda p: data, None, None, timeout, count=count)
+            except NSQError:
+                self._failed += count
+                raise
             return None
         assert not isinstance(plan, bytes)
         results: list[PublishResult] = []
@@ -311,8 +322,10 @@ class Producer(ProducerCore[_Node]):
                     partition,
                     sharding_key,
                     timeout,
+                    count=request.count,
                 )
             except NSQError as exc:
+                self._failed += plan.total - done
                 raise batch_failed(exc, done, plan.total)  # noqa: B904 - it sets the cause
             result = self._result(topic, request, answer, address, part)
             if result is not None:
@@ -331,13 +344,17 @@ class Producer(ProducerCore[_Node]):
         timeout: float | None,
         *,
         deferred: bool = False,
+        count: int = 1,
     ) -> tuple[bytes, str, int | None]:
-        """Route (by lookup when ``topic`` is given), send, retry; (answer, nsqd, partition)."""
+        """Route (by lookup when ``topic`` is given), send ``count`` messages, retry;
+        (answer, nsqd, partition)."""
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         attempt = 0
         refresh = False
         while True:
+            if attempt:
+                self._retried += 1
             conn: SyncConnection | None = None
             node: _Node | None = None
             try:
@@ -351,7 +368,13 @@ class Producer(ProducerCore[_Node]):
                     node, conn = self._acquire(deadline)
                     part = partition
                 check_server(conn.features, conn.address, part, deferred)
-                answer = conn.request(build(part), max(0.0, deadline - time.monotonic()))
+                try:
+                    answer = conn.request(build(part), max(0.0, deadline - time.monotonic()))
+                except (ConnectionClosed, ServerError):
+                    node.errors += 1
+                    raise
+                node.requests += 1
+                node.published += count
                 if node.failures:
                     node.mark_up()
                 return answer, conn.address, part
@@ -435,6 +458,7 @@ class Producer(ProducerCore[_Node]):
                 if failure is exc:
                     raise
                 raise failure from exc
+            self._connected(node)
             node.connections = [*conns, conn]
             return conn
         finally:
@@ -444,17 +468,14 @@ class Producer(ProducerCore[_Node]):
         """A connection broke: drop it, and avoid its nsqd for a while."""
         if conn in node.connections:
             node.connections = [c for c in node.connections if c is not conn]
-            node.mark_down(self._now())
-            log.warning("connection to nsqd %s lost: %s", node.address, conn.close_reason)
+            node.mark_down(self._now(), f"connection lost: {conn.close_reason}")
 
     def _suspect(self, node: _Node, conn: SyncConnection) -> None:
         """A request timed out: send nothing more through ``conn``, and avoid its nsqd."""
-        node.mark_down(self._now())
+        node.errors += 1
+        node.mark_down(self._now(), "did not answer a publish in time")
         if conn in node.connections:
             node.connections = [c for c in node.connections if c is not conn]
-            log.warning(
-                "nsqd %s did not answer a publish in time; avoiding it for now", node.address
-            )
             # Its other requests fail at once and are retried elsewhere within their time.
             conn.close(0.0)
 
