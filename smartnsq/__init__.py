@@ -12,6 +12,7 @@ from smartnsq.observe.stats import (
     ProducerNodeStats,
     ProducerStats,
 )
+from smartnsq.offsets import PartitionOffsets, partition_offsets
 from smartnsq.producer import Producer
 from smartnsq.protocol.message import PublishResult
 from smartnsq.runner import run, serve
@@ -24,11 +25,13 @@ __all__ = [
     "ConsumerStats",
     "Features",
     "Message",
+    "PartitionOffsets",
     "Producer",
     "ProducerNodeStats",
     "ProducerStats",
     "PublishResult",
     "__version__",
+    "partition_offsets",
     "run",
     "serve",
 ]

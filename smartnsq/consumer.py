@@ -13,7 +13,15 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterable,
+    Sequence,
+)
 from functools import partial
 from types import CoroutineType
 from typing import Any
@@ -49,14 +57,17 @@ from smartnsq.errors import (
 from smartnsq.inbox import Inbox
 from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
+from smartnsq.lookup.model import Node
 from smartnsq.message import Message, id_text
 from smartnsq.observe.logs import OncePerKind
 from smartnsq.observe.stats import ConsumerStats, consumer_stats
+from smartnsq.offsets import StartPlan
 from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import Span
 from smartnsq.protocol.message import CLASSIC, MessageLayout, decode_message
 from smartnsq.protocol.names import validate_channel, validate_topic
+from smartnsq.protocol.offsets import Skip, Start
 from smartnsq.rdy import distribute
 from smartnsq.sync_pool import FAILED, GIVE_UP, RETURNED, SyncPool, build_message
 from smartnsq.trace import TraceSwitch, emit
@@ -92,6 +103,7 @@ class _Reader:
         "rdy_left",
         "rdy_since",
         "received",
+        "skip",
         "write",
     )
 
@@ -104,6 +116,7 @@ class _Reader:
         *,
         ordered: bool = False,
         ext: bool = False,
+        offsets: bool = False,
     ) -> None:
         self.consumer = consumer
         self.address = address
@@ -112,8 +125,10 @@ class _Reader:
         self.ordered = ordered
         self.write = conn.raw_write
         youzan = conn.features.youzan
-        if youzan or ordered or ext:
-            self.layout = MessageLayout(binary_id=youzan, ext=ext, offset=ordered)
+        # Deliveries left over from before a start position (see smartnsq.offsets).
+        self.skip: Skip | None = None
+        if youzan or ordered or ext or offsets:
+            self.layout = MessageLayout(binary_id=youzan, ext=ext, offset=ordered or offsets)
         else:
             self.layout = _CLASSIC
         # An ordered partition delivers one message at a time whatever RDY says.
@@ -231,6 +246,9 @@ class Consumer:
         blocked_warn_attempts: int = 10,
         blocked_error_attempts: int = 50,
         auth_over_plaintext: bool = True,
+        start: Start = None,
+        partitions: Iterable[int] | None = None,
+        advanced: bool = False,
     ) -> None:
         """Configure a consumer; nothing connects until it is started.
 
@@ -354,6 +372,28 @@ class Consumer:
             auth_over_plaintext: ``False`` refuses to send ``auth_secret`` to an nsqd that asks
                 for it over an unencrypted connection: the connection fails with
                 [`InsecureAuth`][smartnsq.errors.InsecureAuth]. Default True.
+            start: Where to start reading a Youzan partitioned topic (with
+                ``lookupd_http_addresses``): ``None`` (default) reads from the channel's own
+                position; ``"earliest"`` from the earliest retained message; ``"latest"`` only
+                messages published from now on; a Unix time (int/float seconds, or an aware
+                ``datetime``; the fork resolves whole seconds) from the first message published
+                at or after that second; a mapping ``{partition: queue offset}`` (offsets as in
+                ``Message.offset``) from the first message at or after each offset, other
+                partitions keeping the channel's position. It moves the *channel* (nsqd's
+                ``/channel/setoffset`` on each partition's leader), so it affects every consumer
+                of that channel on that partition; it is applied when this consumer first
+                subscribes to a partition, before any message is read, and only if no other
+                client is subscribed to the channel there (else a warning is logged and the
+                channel's position is kept). It is applied once per partition: a reconnect
+                resumes where the channel is. Checked on start: a classic cluster raises
+                [`NotSupported`][smartnsq.errors.NotSupported], an unknown partition
+                [`InvalidArgument`][smartnsq.errors.InvalidArgument], an offset outside what the
+                partition retains [`OffsetOutOfRange`][smartnsq.errors.OffsetOutOfRange].
+            partitions: Partition numbers to consume (default: every partition). Needs
+                ``lookupd_http_addresses``; checked on start like ``start``.
+            advanced: Subscribe with ``SUB_ADVANCED`` so every message of an unordered
+                partitioned topic carries ``offset`` and ``raw_size``
+                ([`Message`][smartnsq.Message]; ordered topics always do). Implied by ``start``.
 
         Raises:
             InvalidArgument: A value is out of range, a name breaks NSQ's rules, or neither
@@ -389,6 +429,11 @@ class Consumer:
         check_callable("on_blocked", on_blocked)
         check_number("blocked_warn_attempts", blocked_warn_attempts, integer=True, min=1)
         check_number("blocked_error_attempts", blocked_error_attempts, integer=True, min=1)
+        self._start = StartPlan.from_options(
+            self.topic, self.channel, start, partitions, advanced, self._direct, lookupds
+        )
+        self._partitions = self._start.partitions
+        self._nodes: dict[Target, Node] = {}  # partition leaders, for the start's HTTP calls
         _positive(
             max_backoff_duration=max_backoff_duration,
             backoff_unit=backoff_unit,
@@ -490,6 +535,7 @@ class Consumer:
     async def __aenter__(self) -> Consumer:
         if self._started:
             raise NSQError("a Consumer can be started only once")
+        await self._start.check()
         self._started = True
         self._thread, self._forks = owner()
         self._tg = anyio.create_task_group()
@@ -517,6 +563,7 @@ class Consumer:
         """
         if self._started:
             raise NSQError("a Consumer can be started only once")
+        await self._start.check()
         self._started = True
         self._thread, self._forks = owner()
         async with anyio.create_task_group() as tg:
@@ -757,6 +804,13 @@ class Consumer:
         msg._auto = True
         if self.auto_touch:
             msg._received = msg._touched = reader.batch_time
+        skip = reader.skip
+        if skip is not None:
+            if skip.stale(msg.offset, msg.timestamp):
+                self._finish(msg, count=False)  # from before the start position
+                return False
+            if skip.below_offset is None:
+                reader.skip = None  # times need not rise: only the first deliveries are suspect
         if reader.ordered:
             self._check_order(reader, msg)
         if self.trace.active and self.trace.enabled(self.topic):
@@ -1278,18 +1332,26 @@ class Consumer:
         config = self._config
         if ext:
             config = dataclasses.replace(config, extend_support=True)
+        start = self._start
+        # SUB_ADVANCED with 4 tokens: a 5th (its own start) would make nsqd ignore the partition.
+        advanced = not ordered and start.advanced
         conn = await Connection.open(address, config)
-        reader = _Reader(self, address, conn, partition, ordered=ordered, ext=ext)
+        reader = _Reader(self, address, conn, partition, ordered=ordered, ext=ext, offsets=advanced)
         conn.on_messages = partial(self._on_messages, reader)
         conn.before_read = reader.before_read
         conn.on_async_error = OncePerKind(log, address)
-        sub = commands.sub_ordered if ordered else commands.sub
+        sub = (
+            commands.sub_ordered if ordered else commands.sub_advanced if advanced else commands.sub
+        )
         refused: NSQError | None = None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(conn.run)
                 try:
                     await conn.request(sub(self.topic, self.channel, partition), timeout=10)
+                    if partition is not None and start.pending(partition):
+                        # Before any RDY: nothing is delivered from the old position.
+                        reader.skip = await start.apply(partition, self._nodes[target])
                 except NSQError as exc:  # raised plainly, not wrapped in a task-group error
                     refused = exc
                     tg.cancel_scope.cancel()
@@ -1364,7 +1426,12 @@ class Consumer:
                 self._ext = layout.meta.extend_support
         found: set[Target]
         if layout.partitions:
-            found = {(node.tcp_address, p) for p, node in layout.partitions.items()}
+            wanted = self._partitions
+            found = set()
+            for p, node in layout.partitions.items():
+                if wanted is None or p in wanted:
+                    found.add((node.tcp_address, p))
+                    self._nodes[(node.tcp_address, p)] = node
         else:
             found = {(node.tcp_address, None) for node in layout.producers}
         for target in found:

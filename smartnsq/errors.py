@@ -45,6 +45,8 @@ __all__ = [
     "NotLeader",
     "NotSupported",
     "NotWritable",
+    "NsqdHttpFailed",
+    "OffsetOutOfRange",
     "PartialPublish",
     "ProtocolError",
     "PubFailed",
@@ -92,6 +94,11 @@ class InvalidChannel(InvalidArgument):
 
 class MessageTooLarge(InvalidArgument):
     """A message (or a batch) is larger than the server accepts."""
+
+
+class OffsetOutOfRange(InvalidArgument):
+    """A start queue offset is before the partition's earliest retained message or past its
+    end. Nothing was moved."""
 
 
 class NotSupported(NSQError):
@@ -188,6 +195,11 @@ class PartialPublish(NSQError):
     def __init__(self, message: str, published: int) -> None:
         super().__init__(message)
         self.published = published
+
+
+class NsqdHttpFailed(NSQError):
+    """An nsqd HTTP endpoint (``/stats``, ``/channel/setoffset``) could not be reached or
+    answered with an error."""
 
 
 class LookupFailed(NSQError):

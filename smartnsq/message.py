@@ -24,7 +24,8 @@ class Message(RawMessage):
     answer raises [`NSQError`][smartnsq.errors.NSQError].
 
     On the Youzan fork, ``partition``, ``internal_id``, ``trace_id``, ``headers`` and (for
-    ordered subscriptions) ``offset`` and ``raw_size`` describe where it came from.
+    ordered topics, and with the consumer's ``advanced=True`` or ``start``) ``offset`` (the
+    queue offset) and ``raw_size`` describe where it came from.
 
     Attributes:
         body: The message body (bytes).
@@ -33,9 +34,10 @@ class Message(RawMessage):
         attempts: How many times nsqd has delivered it, this delivery included (1 the first
             time).
         timestamp: When it was published, in nanoseconds since the epoch.
-        offset: Youzan ordered subscriptions: the message's offset in its partition's queue
+        offset: Youzan ordered or advanced subscriptions: the message's queue offset in its
+            partition (a byte position; else None).
+        raw_size: Youzan ordered or advanced subscriptions: its size in the partition's queue
             (else None).
-        raw_size: Youzan ordered subscriptions: its size in the partition's queue (else None).
         ext_version: Youzan ext topics: the ext header's format (0: none, 4: JSON).
         ext: Youzan ext topics: the raw ext header (else None); ``headers`` decodes it.
     """

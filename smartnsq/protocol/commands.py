@@ -76,8 +76,29 @@ def sub_ordered(topic: str, channel: str, partition: int | None = None) -> bytes
     return _line(b"SUB_ORDERED", topic, channel, partition)
 
 
-def sub_advanced(topic: str, channel: str, partition: int, start: str | None = None) -> bytes:
-    """``start`` is e.g. ``timestamp:<unix s>``, ``virtual_queue:<offset>``, ``msgcount:<n>``."""
+def sub_advanced(
+    topic: str, channel: str, partition: int | None = None, start: str | None = None
+) -> bytes:
+    """``SUB_ADVANCED``: like ``SUB``, and every message carries its queue offset and raw size.
+
+    ``start`` (``timestamp:<unix s>``, ``virtual_queue:<offset>``, ``msgcount:<n>`` or
+    ``special:-1``) asks nsqd to move the channel first, if this is its only client. Mind the
+    fork's quirk: with a ``start``, nsqd ignores ``partition`` (it reads the partition only
+    from a 4-token command) and picks a partition of the topic that node leads; without one,
+    the partition is honoured. smartnsq's consumer sends no ``start`` for that reason.
+    """
+    if start is not None:
+        if partition is None:
+            raise InvalidArgument("SUB_ADVANCED with a start needs a partition argument before it")
+        kind, _, value = start.partition(":")
+        digits = value.removeprefix("-")
+        if kind not in ("timestamp", "virtual_queue", "msgcount", "special") or not (
+            digits.isascii() and digits.isdigit()
+        ):
+            raise InvalidArgument(
+                f"SUB_ADVANCED start must be timestamp:<s>, virtual_queue:<offset>, "
+                f"msgcount:<n> or special:-1, not {start!r}"
+            )
     return _line(b"SUB_ADVANCED", topic, channel, partition, start)
 
 

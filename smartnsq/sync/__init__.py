@@ -5,7 +5,9 @@
 background event loop and hands messages to your thread.
 """
 
+from smartnsq.offsets import PartitionOffsets
 from smartnsq.sync.consumer import Consumer
+from smartnsq.sync.offsets import partition_offsets
 from smartnsq.sync.producer import Producer
 
-__all__ = ["Consumer", "Producer"]
+__all__ = ["Consumer", "PartitionOffsets", "Producer", "partition_offsets"]

@@ -54,10 +54,11 @@ class Consumer:
     The arguments are [`smartnsq.Consumer`][smartnsq.Consumer]'s, and so is the contract:
     RDY and backoff,
     heartbeats answered while your code runs, a graceful stop that loses nothing, ordered
-    partitions on Youzan. While iterating, an exception that leaves the ``with`` block
-    requeues the message being handled (and every message not yet handed over); leaving
-    the loop early (``break``) counts the current message as handled. ``message.finish()``,
-    ``requeue()`` and ``touch()`` may be called from this thread.
+    partitions on Youzan, and ``start``/``partitions``/``advanced`` (a bad one raises in
+    :meth:`start`, before anything is sent). While iterating, an exception that leaves the
+    ``with`` block requeues the message being handled (and every message not yet handed
+    over); leaving the loop early (``break``) counts the current message as handled.
+    ``message.finish()``, ``requeue()`` and ``touch()`` may be called from this thread.
     """
 
     def __init__(
