@@ -46,6 +46,7 @@ from smartnsq.errors import (
     SubExtendForbidden,
     SubExtendNeeded,
     SubOrderRequired,
+    TagNotSupported,
 )
 from smartnsq.inbox import Inbox
 from smartnsq.lookup.client import check_lookupd_addresses
@@ -53,9 +54,11 @@ from smartnsq.lookup.manager import LookupManager
 from smartnsq.message import Message, id_text
 from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
+from smartnsq.protocol.compress import maybe_compressed, unpack
 from smartnsq.protocol.frames import Span
 from smartnsq.protocol.message import CLASSIC, MessageLayout, decode_message
 from smartnsq.protocol.names import validate_channel, validate_topic
+from smartnsq.protocol.tags import check_tag, check_tag_subscription
 from smartnsq.rdy import distribute
 from smartnsq.sync_pool import FAILED, GIVE_UP, RETURNED, SyncPool, build_message
 from smartnsq.trace import TraceSwitch, emit
@@ -183,6 +186,20 @@ class Consumer:
         async with Consumer("events", "archive", nsqd_tcp_addresses=[...]) as consumer:
             async for message in consumer:
                 ...  # finished automatically when the next one is pulled
+
+    Bodies that a Youzan producer compressed itself (go-nsq's ``TopicsForCompress``, or
+    ``compress_topics`` of :class:`smartnsq.Producer`) are handed over decompressed; as with
+    go-nsq, the headers ``nsq.client.compress`` and ``nsq.msg.size`` stay in
+    ``message.headers``. A body that cannot be decompressed (unknown codec, corrupt block)
+    never reaches the handler: it fails with :class:`~smartnsq.errors.DecompressFailed`
+    and is logged and requeued (given up after ``max_attempts``) like a handler failure.
+
+    Args:
+        desired_tag: receive only the messages published with this dispatch tag (Youzan
+            ext topics; sent in IDENTIFY). 1-100 ASCII letters, digits, ``_`` or ``-``. On a
+            topic without ext headers, or a classic nsqd, which would ignore it and deliver
+            everything, the consumer refuses to subscribe
+            (:class:`~smartnsq.errors.TagNotSupported`, logged and kept in ``last_error``).
     """
 
     def __init__(
@@ -227,6 +244,7 @@ class Consumer:
         blocked_warn_attempts: int = 10,
         blocked_error_attempts: int = 50,
         auth_over_plaintext: bool = True,
+        desired_tag: str | None = None,
     ) -> None:
         self.topic = validate_topic(topic)
         self.channel = validate_channel(channel)
@@ -253,6 +271,10 @@ class Consumer:
         check_bool("auto_touch", auto_touch)
         check_bool("ordered", ordered, allow_none=True)
         check_bool("ext", ext, allow_none=True)
+        if desired_tag is not None:
+            check_tag("desired_tag", desired_tag)
+            if ext is False:
+                raise InvalidArgument("desired_tag needs an ext topic: leave ext=None (or True)")
         check_callable("on_order_violation", on_order_violation)
         check_callable("on_blocked", on_blocked)
         check_number("blocked_warn_attempts", blocked_warn_attempts, integer=True, min=1)
@@ -342,7 +364,8 @@ class Consumer:
         self._ordered_option = ordered
         self._ext_option = ext
         self._ordered = bool(ordered)
-        self._ext = bool(ext)
+        self._ext = bool(ext) or desired_tag is not None  # tags exist only on ext topics
+        self._desired_tag = desired_tag
         self.last_error: ServerError | None = None
         self.trace = TraceSwitch()
         self._order: dict[int | None, OrderChecker] = {}
@@ -597,6 +620,9 @@ class Consumer:
             return False
         if self.max_attempts and msg.attempts > self.max_attempts and not reader.ordered:
             self._give_up(msg)
+            return False
+        if msg.ext is not None and maybe_compressed(msg.ext) and (failed := unpack(msg)):
+            self._handler_failed(msg, failed)  # as if the handler had raised it
             return False
         if self._pool is not None:
             return True
@@ -1060,7 +1086,12 @@ class Consumer:
                 try:
                     await self._connect_and_consume(target)
                     failures = 0
-                except (SubOrderRequired, SubExtendNeeded, SubExtendForbidden) as exc:
+                except (
+                    SubOrderRequired,
+                    SubExtendNeeded,
+                    SubExtendForbidden,
+                    TagNotSupported,
+                ) as exc:
                     failures += 1
                     if self._adapt(exc):
                         log.warning("nsqd %s: %s; switching subscription mode", name, exc)
@@ -1104,9 +1135,14 @@ class Consumer:
         address, partition = target
         ordered, ext = self._ordered, self._ext
         config = self._config
+        tag = self._desired_tag
         if ext:
-            config = dataclasses.replace(config, extend_support=True)
+            extra = {} if tag is None else {"desired_tag": tag}
+            config = dataclasses.replace(config, extend_support=True, identify_extra=extra)
         conn = await Connection.open(address, config)
+        if tag is not None and not (conn.features.youzan and ext):
+            await conn.close(timeout=0)
+            check_tag_subscription(self.topic, tag, conn.features.youzan, ext)
         reader = _Reader(self, address, conn, partition, ordered=ordered, ext=ext)
         conn.on_messages = partial(self._on_messages, reader)
         conn.before_read = reader.before_read
@@ -1213,6 +1249,8 @@ def _explain(exc: ServerError) -> str:
         return f"{exc}: the topic is ordered; use ordered=True (or leave ordered=None)"
     if isinstance(exc, SubExtendNeeded):
         return f"{exc}: the topic carries ext headers; use ext=True (or leave ext=None)"
+    if isinstance(exc, TagNotSupported):
+        return str(exc)
     return f"{exc}: the topic has no ext headers; use ext=False (or leave ext=None)"
 
 

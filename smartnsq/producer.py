@@ -77,6 +77,17 @@ class Producer(ProducerCore[_Node]):
     ``auth_over_plaintext=False`` refuses to send ``auth_secret`` to an nsqd without TLS.
     A Producer belongs to the event loop (thread) and process that entered it; for plain
     threads use :class:`smartnsq.sync.Producer`.
+
+    Args:
+        compress_topics: Youzan ext topics whose bodies the producer compresses itself, as
+            go-nsq's ``TopicsForCompress`` does: a body of at least ``compress_min_size``
+            bytes is sent compressed with PUB_EXT (MPUB_EXT) and the ext headers
+            ``nsq.client.compress`` and ``nsq.msg.size``, which go-nsq and smartnsq
+            consumers decompress. The topics must be ext topics. Default: none.
+        compress_codec: ``"snappy"`` (default), ``"gzip"`` or ``"lz4"`` (needs
+            ``pip install 'smartnsq[lz4]'``; a body that lz4 cannot shrink is sent as it is).
+        compress_min_size: smallest body, in bytes, that is compressed (go-nsq's
+            ``MessageSizeForCompress``, default 20480).
     """
 
     def _setup(self) -> None:
@@ -136,6 +147,7 @@ class Producer(ProducerCore[_Node]):
         sharding_key: ShardingKey | None = None,
         trace_id: int | None = None,
         headers: Mapping[str, Any] | None = None,
+        tag: str | None = None,
         timeout: float | None = None,
     ) -> PublishResult | None:
         """Publish one message and return once nsqd has acknowledged it.
@@ -149,11 +161,18 @@ class Producer(ProducerCore[_Node]):
         traced publish and returns a :class:`PublishResult`; ``headers`` sends the JSON ext
         header of an ext topic. Plain publishes return ``None``.
         ``delay`` may not exceed ``max_delay`` (see :class:`Producer`).
+
+        Args:
+            tag: dispatch tag of the message (Youzan ext topics): only consumers whose
+                ``desired_tag`` is the same receive it (untagged consumers while none is
+                connected). 1-100 ASCII letters, digits, ``_`` or ``-``; sent as the ext
+                header ``##client_dispatch_tag``. A topic that is not an ext topic refuses
+                it with :class:`~smartnsq.errors.ExtNotSupported`.
         """
         if self._thread != get_ident() or self._forks != FORKS[0]:
             wrong_owner("Producer", self._thread, self._forks)
         plan = self._plan_publish(
-            topic, body, delay, partition, sharding_key, trace_id, headers, timeout
+            topic, body, delay, partition, sharding_key, trace_id, headers, timeout, tag
         )
         if type(plan) is bytes:
             await self._send(plan, timeout)
@@ -172,6 +191,7 @@ class Producer(ProducerCore[_Node]):
         partition: int | None = None,
         sharding_key: ShardingKey | None = None,
         trace_ids: Sequence[int] | None = None,
+        tags: Sequence[str | None] | None = None,
         timeout: float | None = None,
     ) -> list[PublishResult] | None:
         """Publish several messages with MPUB, split into as few batches as nsqd accepts.
@@ -180,10 +200,15 @@ class Producer(ProducerCore[_Node]):
         succeeded, :class:`~smartnsq.errors.PartialPublish` says how many messages were
         acknowledged. With ``trace_ids`` (one per message; generated when tracing is on for the
         topic) it sends MPUB_TRACE and returns one :class:`PublishResult` per batch.
+
+        Args:
+            tags: one dispatch tag (or ``None``) per message, as ``trace_ids`` gives one
+                trace id per message; sent with MPUB_EXT (see ``tag`` of :meth:`publish`).
+                Cannot be combined with ``trace_ids``.
         """
         if self._thread != get_ident() or self._forks != FORKS[0]:
             wrong_owner("Producer", self._thread, self._forks)
-        plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout)
+        plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout, tags)
         if type(plan) is bytes:
             await self._send(plan, timeout)
             return None

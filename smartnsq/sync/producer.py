@@ -66,6 +66,12 @@ class Producer(ProducerCore[_Node]):
     lookupd, about once per ``lookupd_poll_interval``, and after cluster errors) run the same
     lookup code as the async client on a short-lived event loop in the calling thread.
     A Producer cannot be used after ``fork()``: create one in the child.
+
+    Args:
+        compress_topics: ext topics whose large bodies it compresses, as go-nsq does; see
+            :class:`smartnsq.Producer`.
+        compress_codec: ``"snappy"`` (default), ``"gzip"`` or ``"lz4"``.
+        compress_min_size: smallest body compressed, in bytes (default 20480).
     """
 
     def _setup(self) -> None:
@@ -120,12 +126,18 @@ class Producer(ProducerCore[_Node]):
         sharding_key: ShardingKey | None = None,
         trace_id: int | None = None,
         headers: Mapping[str, Any] | None = None,
+        tag: str | None = None,
         timeout: float | None = None,
     ) -> PublishResult | None:
-        """Publish one message; see :meth:`smartnsq.Producer.publish`."""
+        """Publish one message; see :meth:`smartnsq.Producer.publish`.
+
+        Args:
+            tag: dispatch tag of the message on a Youzan ext topic (see
+                :meth:`smartnsq.Producer.publish`).
+        """
         self._check_usable()
         plan = self._plan_publish(
-            topic, body, delay, partition, sharding_key, trace_id, headers, timeout
+            topic, body, delay, partition, sharding_key, trace_id, headers, timeout, tag
         )
         if type(plan) is bytes:
             data = plan
@@ -145,11 +157,16 @@ class Producer(ProducerCore[_Node]):
         partition: int | None = None,
         sharding_key: ShardingKey | None = None,
         trace_ids: Sequence[int] | None = None,
+        tags: Sequence[str | None] | None = None,
         timeout: float | None = None,
     ) -> list[PublishResult] | None:
-        """Publish several messages with MPUB; see :meth:`smartnsq.Producer.publish_many`."""
+        """Publish several messages with MPUB; see :meth:`smartnsq.Producer.publish_many`.
+
+        Args:
+            tags: one dispatch tag (or ``None``) per message (MPUB_EXT).
+        """
         self._check_usable()
-        plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout)
+        plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout, tags)
         if type(plan) is bytes:
             data = plan
             self._send(None, lambda p: data, None, None, timeout)
