@@ -293,7 +293,7 @@ class ProducerCore(Generic[N]):
         if isinstance(compress_topics, str | bytes) or not isinstance(compress_topics, Iterable):
             raise InvalidType("compress_topics must be a list of topic names")
         compress = frozenset(validate_topic(t) for t in compress_topics)
-        self.compress_codec = check_codec(compress_codec) if compress else compress_codec
+        self.compress_codec = check_codec(compress_codec, used=bool(compress))
         check_number("compress_min_size", compress_min_size, integer=True, min=0)
         self.compress_min_size = compress_min_size
         # Empty when off: the plain publish path then pays one truth test.

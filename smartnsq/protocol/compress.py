@@ -34,15 +34,16 @@ DEFAULT_MIN_SIZE = 20480  # go-nsq's MessageSizeForCompress default
 _GUESS_RATIO = 10  # go-nsq's guess of the original size when nsq.msg.size is missing
 
 
-def check_codec(codec: object) -> str:
-    """``codec`` checked: one of :data:`CODECS`, and its library importable."""
+def check_codec(codec: object, used: bool = True) -> str:
+    """``codec`` checked: one of :data:`CODECS`, and (when ``used``) its library importable."""
     if not isinstance(codec, str):
         raise InvalidType(f"compress_codec must be a str, not {type(codec).__name__}")
     if codec not in CODECS:
         raise InvalidArgument(
             f"compress_codec must be one of {', '.join(sorted(CODECS))}, not {codec!r}"
         )
-    _library(codec)
+    if used:
+        _library(codec)
     return codec
 
 

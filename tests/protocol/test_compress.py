@@ -129,6 +129,7 @@ def test_missing_lz4_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "lz4.block", None)  # import lz4.block now fails
     with pytest.raises(CodecUnavailable, match=r"smartnsq\[lz4\]"):
         check_codec("lz4")
+    assert check_codec("lz4", used=False) == "lz4"  # not needed yet: not imported
     with pytest.raises(CodecUnavailable, match=r"smartnsq\[lz4\]"):
         decompress_body({"nsq.client.compress": "3"}, b"x")
 
