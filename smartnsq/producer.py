@@ -179,7 +179,13 @@ class Producer(ProducerCore[_Node]):
             return None
         assert isinstance(plan, Request)
         answer, address, part = await self._send_routed(
-            topic, plan.build, partition, sharding_key, timeout, deferred=plan.deferred
+            topic,
+            plan.build,
+            partition,
+            sharding_key,
+            timeout,
+            deferred=plan.deferred,
+            ext=plan.ext,
         )
         return self._result(topic, plan, answer, address, part)
 
@@ -219,7 +225,7 @@ class Producer(ProducerCore[_Node]):
             try:
                 if plan.routed:
                     answer, address, part = await self._send_routed(
-                        topic, request.build, partition, sharding_key, timeout
+                        topic, request.build, partition, sharding_key, timeout, ext=request.ext
                     )
                     result = self._result(topic, request, answer, address, part)
                     if result is not None:
@@ -277,6 +283,7 @@ class Producer(ProducerCore[_Node]):
         timeout: float | None,
         *,
         deferred: bool = False,
+        ext: bool = False,
     ) -> tuple[bytes, str, int | None]:
         """Route, send, retry. Returns (answer, nsqd address, partition)."""
         if self._tg is None or self._closed:
@@ -299,6 +306,7 @@ class Producer(ProducerCore[_Node]):
                     and conn.usable
                     and (conn.pending == 0 or len(conns) >= self._per_node)
                     and (part is None or layout.partitioned)  # else refused below
+                    and (not ext or conn.features.youzan)
                 ):
                     answer = await conn.request(build(part), publish=True, timeout=limit)
                     if node.failures:
@@ -317,7 +325,7 @@ class Producer(ProducerCore[_Node]):
             # connection); this outer bound covers connecting and lookups.
             with anyio.fail_after(limit + 0.2):
                 return await self._send_with_retries(
-                    topic, build, partition, key, deferred, route, deadline
+                    topic, build, partition, key, deferred, ext, route, deadline
                 )
         except (TimeoutError, NSQTimeout):
             raise timeout_error(limit) from None
@@ -329,6 +337,7 @@ class Producer(ProducerCore[_Node]):
         partition: int | None,
         key: ShardingKey | None,
         deferred: bool,
+        ext: bool,
         route: tuple[str, int | None] | None,
         deadline: float,
     ) -> tuple[bytes, str, int | None]:
@@ -347,7 +356,7 @@ class Producer(ProducerCore[_Node]):
                 else:
                     node, conn = await self._acquire()
                     part = partition
-                check_server(conn.features, conn.address, part, deferred)
+                check_server(conn.features, conn.address, part, deferred, ext)
                 try:
                     answer = await conn.request(
                         build(part), publish=True, timeout=deadline - anyio.current_time()

@@ -163,8 +163,15 @@ def emit_publish(
     )
 
 
-def check_server(features: Features, address: str, part: int | None, deferred: bool) -> None:
+def check_server(
+    features: Features, address: str, part: int | None, deferred: bool, ext: bool = False
+) -> None:
     """Refuse, before sending, what this kind of nsqd cannot do."""
+    if ext and not features.youzan:
+        raise NotSupported(
+            f"nsqd {address} is a classic nsqd, which has no ext headers; publish without "
+            "headers, tag(s) and compression (compress_topics)"
+        )
     if deferred and features.youzan:
         raise NotSupported(
             f"nsqd {address} is a Youzan HA server, which has no deferred "
@@ -220,6 +227,7 @@ class Request:
     deferred: bool = False
     traced: bool = False  # the answer carries a PublishResult
     count: int = 1  # messages in it
+    ext: bool = False  # PUB_EXT / MPUB_EXT: Youzan only
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,7 +417,7 @@ class ProducerCore(Generic[N]):
                 body = packed[0]
             if trace_id is not None:
                 ext["##trace_id"] = str(trace_id)
-            return Request(lambda p: commands.pub_ext(topic, body, ext, p), traced=True)
+            return Request(lambda p: commands.pub_ext(topic, body, ext, p), traced=True, ext=True)
         if trace_id is not None:
             tid = trace_id
             return Request(lambda p: commands.pub_trace(topic, body, tid, p), traced=True)
@@ -559,7 +567,7 @@ class ProducerCore(Generic[N]):
         requests = []
         for start, end in _spans(lens, self.max_body_size):
             build = partial(commands.mpub_ext, topic, sent[start:end], headers[start:end])
-            requests.append(Request(build, count=end - start))
+            requests.append(Request(build, count=end - start, ext=True))
         return Batches(requests, len(bodies), True, False)
 
     def _mpub_fast(self, topic: str, bodies: list[Any]) -> bytes | None:

@@ -145,7 +145,13 @@ class Producer(ProducerCore[_Node]):
             return None
         assert isinstance(plan, Request)
         answer, address, part = self._send(
-            topic, plan.build, partition, sharding_key, timeout, deferred=plan.deferred
+            topic,
+            plan.build,
+            partition,
+            sharding_key,
+            timeout,
+            deferred=plan.deferred,
+            ext=plan.ext,
         )
         return self._result(topic, plan, answer, address, part)
 
@@ -182,6 +188,7 @@ class Producer(ProducerCore[_Node]):
                     partition,
                     sharding_key,
                     timeout,
+                    ext=request.ext,
                 )
             except NSQError as exc:
                 raise batch_failed(exc, done, plan.total)  # noqa: B904 - it sets the cause
@@ -202,6 +209,7 @@ class Producer(ProducerCore[_Node]):
         timeout: float | None,
         *,
         deferred: bool = False,
+        ext: bool = False,
     ) -> tuple[bytes, str, int | None]:
         """Route (by lookup when ``topic`` is given), send, retry; (answer, nsqd, partition)."""
         limit = self.timeout if timeout is None else timeout
@@ -221,7 +229,7 @@ class Producer(ProducerCore[_Node]):
                 else:
                     node, conn = self._acquire(deadline)
                     part = partition
-                check_server(conn.features, conn.address, part, deferred)
+                check_server(conn.features, conn.address, part, deferred, ext)
                 answer = conn.request(build(part), max(0.0, deadline - time.monotonic()))
                 if node.failures:
                     node.mark_up()

@@ -8,7 +8,13 @@ import pytest
 from compat.youzan import create_topic, lookup
 from smartnsq import Consumer, Message, Producer
 from smartnsq import sync as smartsync
-from smartnsq.errors import ExtNotSupported, InvalidArgument, InvalidTag, TagNotSupported
+from smartnsq.errors import (
+    ExtNotSupported,
+    InvalidArgument,
+    InvalidTag,
+    NotSupported,
+    TagNotSupported,
+)
 from tests.helpers import channel_stats, lookupds, unique, wait_until
 
 pytestmark = [
@@ -122,3 +128,26 @@ async def test_tag_errors(youzan_cluster, anyio_backend):
         assert "desired_tag" in str(consumer.last_error)
         assert consumer.stats().connections == 0
     assert received == []
+
+
+async def test_classic_nsqd_refuses_tags_and_ext_before_sending(classic_cluster, anyio_backend):
+    topic = unique("ct")
+    nsqd = [classic_cluster.nsqd[0].tcp]
+    async with Producer(nsqd, compress_topics=[topic], compress_min_size=10) as producer:
+        await producer.publish(topic, b"plain")  # connects; the connection stays usable
+        for kwargs in ({"tag": "t"}, {"headers": {"k": "v"}}):
+            with pytest.raises(NotSupported, match=r"classic nsqd.*tag"):
+                await producer.publish(topic, b"x", **kwargs)
+        with pytest.raises(NotSupported, match="compress_topics"):
+            await producer.publish(topic, b"a body to compress " * 10)
+        with pytest.raises(NotSupported, match="classic nsqd"):
+            await producer.publish_many(topic, [b"x"], tags=["t"])
+        await producer.publish(topic, b"short")
+    with smartsync.Producer(nsqd) as blocking, pytest.raises(NotSupported, match="classic"):
+        blocking.publish(topic, b"x", tag="t")
+    got: list[Message] = []
+    async with Consumer(topic, "ch", got.append, nsqd_tcp_addresses=nsqd, desired_tag="t") as c:
+        await wait_until(lambda: c.last_error is not None, what="the refusal")
+        assert isinstance(c.last_error, TagNotSupported)
+        assert "classic nsqd" in str(c.last_error)
+    assert got == []
