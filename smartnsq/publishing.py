@@ -458,7 +458,7 @@ class ProducerCore(Generic[N]):
             and partition is None
             and sharding_key is None
             and not self._lookupds
-            and not self._compress_topics
+            and not (self._compress_topics and topic in self._compress_topics)
             and not self.trace.enabled(topic)
         ):
             data = self._mpub_fast(topic, checked)
@@ -470,7 +470,7 @@ class ProducerCore(Generic[N]):
         same, shortest, longest, total = sizes(lens)
         if shortest == 0:
             raise InvalidArgument("message bodies must not be empty (nsqd rejects them)")
-        if tags is not None or self._compress_topics:
+        if tags is not None or topic in self._compress_topics:
             ext = self._plan_many_ext(topic, checked, tags, trace_ids, partition, sharding_key)
             if ext is not None:
                 return ext
@@ -536,7 +536,7 @@ class ProducerCore(Generic[N]):
                 if t is not None:
                     check_tag("tags", t)
         packs: list[tuple[bytes, dict[str, str]] | None] = [None] * len(bodies)
-        if self._compress_topics:
+        if topic in self._compress_topics:
             packs = [self._compress(topic, b) for b in bodies]
         if tags is None and not any(packs):
             return None  # nothing to say in an ext header: plain MPUB

@@ -141,6 +141,14 @@ def test_publish_many_with_tags_and_compression():
     assert isinstance(plain, Batches) and plain.requests[0].build(None).startswith(b"MPUB t\n")
 
 
+def test_publish_many_to_other_topics_keeps_the_fast_mpub():
+    p = producer(compress_topics=["other"])
+    assert p._plan_many("t", [BIG, b"b"], None, None, None, None) == producer()._plan_many(
+        "t", [BIG, b"b"], None, None, None, None
+    )
+    assert isinstance(p._plan_many("t", [BIG], None, None, None, None), bytes)
+
+
 def test_publish_many_ext_batches_fit_max_body_size():
     p = producer(max_message_size=1000, max_body_size=1100)
     bodies = [b"%03d" % i * 100 for i in range(10)]  # 300 bytes each
