@@ -53,6 +53,7 @@ from smartnsq.errors import (
     SubExtendForbidden,
     SubExtendNeeded,
     SubOrderRequired,
+    TagNotSupported,
 )
 from smartnsq.inbox import Inbox
 from smartnsq.lookup.client import check_lookupd_addresses
@@ -64,10 +65,12 @@ from smartnsq.observe.stats import ConsumerStats, consumer_stats
 from smartnsq.offsets import StartPlan
 from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
+from smartnsq.protocol.compress import maybe_compressed, unpack
 from smartnsq.protocol.frames import Span
 from smartnsq.protocol.message import CLASSIC, MessageLayout, decode_message
 from smartnsq.protocol.names import validate_channel, validate_topic
 from smartnsq.protocol.offsets import Skip, Start
+from smartnsq.protocol.tags import check_tag, check_tag_subscription
 from smartnsq.rdy import distribute
 from smartnsq.sync_pool import FAILED, GIVE_UP, RETURNED, SyncPool, build_message
 from smartnsq.trace import TraceSwitch, emit
@@ -189,6 +192,14 @@ class Consumer:
             async for message in consumer:
                 ...  # finished automatically when the next one is pulled
 
+    Bodies that a Youzan producer compressed itself (go-nsq's ``TopicsForCompress``, or
+    ``compress_topics`` of [`smartnsq.Producer`][smartnsq.Producer]) are handed over
+    decompressed; as with go-nsq, the headers ``nsq.client.compress`` and ``nsq.msg.size`` stay in
+    ``message.headers``. A body that cannot be decompressed (unknown codec, corrupt block)
+    never reaches the handler: it fails with [`DecompressFailed`][smartnsq.errors.DecompressFailed]
+    and is logged and requeued (given up after ``max_attempts``) like a handler failure.
+
+
     A Consumer can be started once, and belongs to the event loop (thread) and process that
     started it: used from another thread it raises
     [`WrongEventLoop`][smartnsq.errors.WrongEventLoop], in a child after ``fork()``
@@ -249,6 +260,7 @@ class Consumer:
         start: Start = None,
         partitions: Iterable[int] | None = None,
         advanced: bool = False,
+        desired_tag: str | None = None,
     ) -> None:
         """Configure a consumer; nothing connects until it is started.
 
@@ -394,6 +406,12 @@ class Consumer:
             advanced: Subscribe with ``SUB_ADVANCED`` so every message of an unordered
                 partitioned topic carries ``offset`` and ``raw_size``
                 ([`Message`][smartnsq.Message]; ordered topics always do). Implied by ``start``.
+            desired_tag: Receive only the messages published with this dispatch tag (Youzan
+                ext topics; sent in IDENTIFY). 1-100 ASCII letters, digits, ``_`` or ``-``.
+                On a topic without ext headers, or a classic nsqd, which would ignore it and
+                deliver everything, the consumer refuses to subscribe
+                ([`TagNotSupported`][smartnsq.errors.TagNotSupported], logged and kept in
+                ``last_error``).
 
         Raises:
             InvalidArgument: A value is out of range, a name breaks NSQ's rules, or neither
@@ -425,6 +443,10 @@ class Consumer:
         check_bool("auto_touch", auto_touch)
         check_bool("ordered", ordered, allow_none=True)
         check_bool("ext", ext, allow_none=True)
+        if desired_tag is not None:
+            check_tag("desired_tag", desired_tag)
+            if ext is False:
+                raise InvalidArgument("desired_tag needs an ext topic: leave ext=None (or True)")
         check_callable("on_order_violation", on_order_violation)
         check_callable("on_blocked", on_blocked)
         check_number("blocked_warn_attempts", blocked_warn_attempts, integer=True, min=1)
@@ -520,7 +542,8 @@ class Consumer:
         self._ordered_option = ordered
         self._ext_option = ext
         self._ordered = bool(ordered)
-        self._ext = bool(ext)
+        self._ext = bool(ext) or desired_tag is not None  # tags exist only on ext topics
+        self._desired_tag = desired_tag
         self.last_error: ServerError | None = None
         self.trace = TraceSwitch()
         self._order: dict[int | None, OrderChecker] = {}
@@ -820,6 +843,9 @@ class Consumer:
             return False
         if self.max_attempts and msg.attempts > self.max_attempts and not reader.ordered:
             self._give_up(msg)
+            return False
+        if msg.ext is not None and maybe_compressed(msg.ext) and (failed := unpack(msg)):
+            self._handler_failed(msg, failed)  # as if the handler had raised it
             return False
         if self._pool is not None:
             return True
@@ -1285,7 +1311,12 @@ class Consumer:
                 try:
                     await self._connect_and_consume(target)
                     failures = self._failures[target] = 0
-                except (SubOrderRequired, SubExtendNeeded, SubExtendForbidden) as exc:
+                except (
+                    SubOrderRequired,
+                    SubExtendNeeded,
+                    SubExtendForbidden,
+                    TagNotSupported,
+                ) as exc:
                     failures = self._failures[target] = self._failures.get(target, 0) + 1
                     if self._adapt(exc):
                         log.warning("nsqd %s: %s; switching subscription mode", name, exc)
@@ -1330,12 +1361,17 @@ class Consumer:
         address, partition = target
         ordered, ext = self._ordered, self._ext
         config = self._config
+        tag = self._desired_tag
         if ext:
-            config = dataclasses.replace(config, extend_support=True)
+            extra = {} if tag is None else {"desired_tag": tag}
+            config = dataclasses.replace(config, extend_support=True, identify_extra=extra)
         start = self._start
         # SUB_ADVANCED with 4 tokens: a 5th (its own start) would make nsqd ignore the partition.
         advanced = not ordered and start.advanced
         conn = await Connection.open(address, config)
+        if tag is not None and not (conn.features.youzan and ext):
+            await conn.close(timeout=0)
+            check_tag_subscription(self.topic, tag, conn.features.youzan, ext)
         reader = _Reader(self, address, conn, partition, ordered=ordered, ext=ext, offsets=advanced)
         conn.on_messages = partial(self._on_messages, reader)
         conn.before_read = reader.before_read
@@ -1456,6 +1492,8 @@ def _explain(exc: ServerError) -> str:
         return f"{exc}: the topic is ordered; use ordered=True (or leave ordered=None)"
     if isinstance(exc, SubExtendNeeded):
         return f"{exc}: the topic carries ext headers; use ext=True (or leave ext=None)"
+    if isinstance(exc, TagNotSupported):
+        return str(exc)
     return f"{exc}: the topic has no ext headers; use ext=False (or leave ext=None)"
 
 

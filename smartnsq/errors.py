@@ -24,9 +24,12 @@ __all__ = [
     "BadChannel",
     "BadMessage",
     "BadPartition",
+    "BadTag",
     "BadTopic",
+    "CodecUnavailable",
     "ConnectFailed",
     "ConnectionClosed",
+    "DecompressFailed",
     "ExtNotSupported",
     "FinFailed",
     "IdentifyFailed",
@@ -35,6 +38,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidChannel",
     "InvalidCommand",
+    "InvalidTag",
     "InvalidTopic",
     "InvalidType",
     "LookupFailed",
@@ -57,6 +61,7 @@ __all__ = [
     "SubExtendForbidden",
     "SubExtendNeeded",
     "SubOrderRequired",
+    "TagNotSupported",
     "TopicNotFound",
     "TopicNotExist",
     "TouchFailed",
@@ -101,12 +106,25 @@ class OffsetOutOfRange(InvalidArgument):
     end. Nothing was moved."""
 
 
+class InvalidTag(InvalidArgument):
+    """A dispatch tag that the Youzan fork does not accept. Nothing was sent."""
+
+
 class NotSupported(NSQError):
     """The server (or its kind) does not support the requested feature.
 
     For example ``delay`` on a Youzan nsqd or ``partition`` on a classic one; nothing was
     sent.
     """
+
+
+class CodecUnavailable(NotSupported):
+    """A compression codec's library is not installed; the message names the extra."""
+
+
+class DecompressFailed(NSQError):
+    """A message's body names an unknown compression codec or is not a valid block of its
+    codec. The consumer treats it as a handler failure for that message."""
 
 
 class WrongEventLoop(NSQError, RuntimeError):
@@ -246,12 +264,15 @@ class ServerError(NSQError):
     code: str = ""
     default_fatal: bool = True
     retry: Retry = Retry.NEVER
+    hint = ""  # what to change, appended to the server's text
 
     def __init__(self, code: str, description: str = "", *, fatal: bool | None = None) -> None:
         self.code = code
         self.description = description
         self.fatal = self.default_fatal if fatal is None else fatal
         text = f"{code} {description}".strip()
+        if self.hint:
+            text = f"{text}: {self.hint}"
         super().__init__(text or "unknown server error")
 
 
@@ -389,12 +410,32 @@ class SubExtendForbidden(ServerError):
 
 
 class ExtNotSupported(ServerError):
-    """The Youzan topic takes no ext headers (``E_EXT_NOT_SUPPORT``): a publish with ``headers`` to
-    a plain topic.
+    """The topic is not an ext topic (``E_EXT_NOT_SUPPORT``): no headers, tags or client-side
+    compression there.
     """
 
     code = "E_EXT_NOT_SUPPORT"
     default_fatal = False
+    hint = (
+        "headers, tags and compression need an ext topic (created with extend=true); "
+        "publish without them or use an ext topic"
+    )
+
+
+class TagNotSupported(ServerError):
+    """The topic (or the server) has no tag dispatch: tags need a Youzan ext topic."""
+
+    code = "E_TAG_NOT_SUPPORT"
+    default_fatal = False
+    hint = "tags need an ext topic on a Youzan nsqd (created with extend=true); drop the tag"
+
+
+class BadTag(ServerError):
+    """nsqd refused a tag (1-100 characters of letters, digits, '_' and '-')."""
+
+    code = "E_BAD_TAG"
+    default_fatal = False
+    hint = "a tag is 1-100 characters of ASCII letters, digits, '_' and '-'"
 
 
 # Codes whose class is ServerError itself but whose fatality/retry differ from the default.
@@ -435,6 +476,8 @@ _CLASSES: dict[str, type[ServerError]] = {
         SubExtendNeeded,
         SubExtendForbidden,
         ExtNotSupported,
+        TagNotSupported,
+        BadTag,
     )
 }
 

@@ -135,6 +135,15 @@ class Producer(ProducerCore[_Node]):
         auth_over_plaintext: ``False`` refuses to send ``auth_secret`` to an nsqd that asks
             for it over an unencrypted connection: the connection fails with
             [`InsecureAuth`][smartnsq.errors.InsecureAuth]. Default True.
+        compress_topics: Youzan ext topics whose bodies the producer compresses itself, as
+            go-nsq's ``TopicsForCompress`` does: a body of at least ``compress_min_size``
+            bytes is sent compressed with PUB_EXT (MPUB_EXT) and the ext headers
+            ``nsq.client.compress`` and ``nsq.msg.size``, which go-nsq and smartnsq
+            consumers decompress. The topics must be ext topics. Default: none.
+        compress_codec: ``"snappy"`` (default), ``"gzip"`` or ``"lz4"`` (needs
+            ``pip install 'smartnsq[lz4]'``; a body that lz4 cannot shrink is sent as it is).
+        compress_min_size: smallest body, in bytes, that is compressed (go-nsq's
+            ``MessageSizeForCompress``, default 20480).
 
     Raises:
         InvalidArgument: A value is out of range, or neither ``nsqd_tcp_addresses`` nor
@@ -207,6 +216,7 @@ class Producer(ProducerCore[_Node]):
         sharding_key: ShardingKey | None = None,
         trace_id: int | None = None,
         headers: Mapping[str, Any] | None = None,
+        tag: str | None = None,
         timeout: float | None = None,
     ) -> PublishResult | None:
         """Publish one message and return once nsqd has acknowledged it.
@@ -237,6 +247,11 @@ class Producer(ProducerCore[_Node]):
                 sent with ``PUB_EXT``.
             timeout: Seconds this call may take, retries included; default: the Producer's
                 ``timeout``.
+            tag: dispatch tag of the message (Youzan ext topics): only consumers whose
+                ``desired_tag`` is the same receive it (untagged consumers while none is
+                connected). 1-100 ASCII letters, digits, ``_`` or ``-``; sent as the ext
+                header ``##client_dispatch_tag``. A topic that is not an ext topic refuses
+                it with [`ExtNotSupported`][smartnsq.errors.ExtNotSupported].
 
         Returns:
             A [`PublishResult`][smartnsq.PublishResult] (partition, internal id, offset) for
@@ -259,7 +274,7 @@ class Producer(ProducerCore[_Node]):
         if self._thread != get_ident() or self._forks != FORKS[0]:
             wrong_owner("Producer", self._thread, self._forks)
         plan = self._plan_publish(
-            topic, body, delay, partition, sharding_key, trace_id, headers, timeout
+            topic, body, delay, partition, sharding_key, trace_id, headers, timeout, tag
         )
         try:
             if type(plan) is bytes:
@@ -267,7 +282,13 @@ class Producer(ProducerCore[_Node]):
                 return None
             assert isinstance(plan, Request)
             answer, address, part = await self._send_routed(
-                topic, plan.build, partition, sharding_key, timeout, deferred=plan.deferred
+                topic,
+                plan.build,
+                partition,
+                sharding_key,
+                timeout,
+                deferred=plan.deferred,
+                ext=plan.ext,
             )
         except NSQError:
             self._failed += 1
@@ -282,6 +303,7 @@ class Producer(ProducerCore[_Node]):
         partition: int | None = None,
         sharding_key: ShardingKey | None = None,
         trace_ids: Sequence[int] | None = None,
+        tags: Sequence[str | None] | None = None,
         timeout: float | None = None,
     ) -> list[PublishResult] | None:
         """Publish several messages with MPUB, split into as few batches as nsqd accepts.
@@ -304,6 +326,9 @@ class Producer(ProducerCore[_Node]):
                 ``MPUB_TRACE``.
             timeout: Seconds each batch may take, retries included; default: the
                 Producer's ``timeout``.
+            tags: one dispatch tag (or ``None``) per message, as ``trace_ids`` gives one
+                trace id per message; sent with MPUB_EXT (see ``tag`` of ``publish``).
+                Cannot be combined with ``trace_ids``.
 
         Returns:
             For a traced publish (``trace_ids`` given, or tracing on for the topic), one
@@ -326,7 +351,7 @@ class Producer(ProducerCore[_Node]):
         """
         if self._thread != get_ident() or self._forks != FORKS[0]:
             wrong_owner("Producer", self._thread, self._forks)
-        plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout)
+        plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout, tags)
         if type(plan) is bytes:
             count = len(bodies) if type(bodies) is list else mpub_count(topic, plan)
             try:
@@ -342,7 +367,13 @@ class Producer(ProducerCore[_Node]):
             try:
                 if plan.routed:
                     answer, address, part = await self._send_routed(
-                        topic, request.build, partition, sharding_key, timeout, count=request.count
+                        topic,
+                        request.build,
+                        partition,
+                        sharding_key,
+                        timeout,
+                        count=request.count,
+                        ext=request.ext,
                     )
                     result = self._result(topic, request, answer, address, part)
                     if result is not None:
@@ -409,6 +440,7 @@ class Producer(ProducerCore[_Node]):
         *,
         deferred: bool = False,
         count: int = 1,
+        ext: bool = False,
     ) -> tuple[bytes, str, int | None]:
         """Route, send, retry ``count`` messages. Returns (answer, nsqd address, partition)."""
         if self._tg is None or self._closed:
@@ -431,6 +463,7 @@ class Producer(ProducerCore[_Node]):
                     and conn.usable
                     and (conn.pending == 0 or len(conns) >= self._per_node)
                     and (part is None or layout.partitioned)  # else refused below
+                    and (not ext or conn.features.youzan)
                 ):
                     answer = await conn.request(build(part), publish=True, timeout=limit)
                     node.requests += 1
@@ -456,7 +489,7 @@ class Producer(ProducerCore[_Node]):
             # connection); this outer bound covers connecting and lookups.
             with anyio.fail_after(limit + 0.2):
                 return await self._send_with_retries(
-                    topic, build, partition, key, deferred, route, deadline, count
+                    topic, build, partition, key, deferred, ext, route, deadline, count
                 )
         except (TimeoutError, NSQTimeout):
             raise timeout_error(limit) from None
@@ -468,6 +501,7 @@ class Producer(ProducerCore[_Node]):
         partition: int | None,
         key: ShardingKey | None,
         deferred: bool,
+        ext: bool,
         route: tuple[str, int | None] | None,
         deadline: float,
         count: int,
@@ -489,7 +523,7 @@ class Producer(ProducerCore[_Node]):
                 else:
                     node, conn = await self._acquire()
                     part = partition
-                check_server(conn.features, conn.address, part, deferred)
+                check_server(conn.features, conn.address, part, deferred, ext)
                 try:
                     answer = await conn.request(
                         build(part), publish=True, timeout=deadline - anyio.current_time()

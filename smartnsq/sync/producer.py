@@ -126,6 +126,10 @@ class Producer(ProducerCore[_Node]):
         auth_over_plaintext: ``False`` refuses to send ``auth_secret`` to an nsqd that asks
             for it over an unencrypted connection: the connection fails with
             [`InsecureAuth`][smartnsq.errors.InsecureAuth]. Default True.
+        compress_topics: ext topics whose large bodies it compresses, as go-nsq does; see
+            [`smartnsq.Producer`][smartnsq.Producer].
+        compress_codec: ``"snappy"`` (default), ``"gzip"`` or ``"lz4"``.
+        compress_min_size: smallest body compressed, in bytes (default 20480).
 
     Raises:
         InvalidArgument: A value is out of range, or neither ``nsqd_tcp_addresses`` nor
@@ -193,6 +197,7 @@ class Producer(ProducerCore[_Node]):
         sharding_key: ShardingKey | None = None,
         trace_id: int | None = None,
         headers: Mapping[str, Any] | None = None,
+        tag: str | None = None,
         timeout: float | None = None,
     ) -> PublishResult | None:
         """Publish one message and return once nsqd has acknowledged it.
@@ -216,6 +221,8 @@ class Producer(ProducerCore[_Node]):
                 sent with ``PUB_EXT``.
             timeout: Seconds this call may take, retries included; default: the Producer's
                 ``timeout``.
+            tag: dispatch tag of the message on a Youzan ext topic (see
+                [`publish`][smartnsq.Producer.publish]).
 
         Returns:
             A [`PublishResult`][smartnsq.PublishResult] (partition, internal id, offset) for
@@ -237,7 +244,7 @@ class Producer(ProducerCore[_Node]):
         """
         self._check_usable()
         plan = self._plan_publish(
-            topic, body, delay, partition, sharding_key, trace_id, headers, timeout
+            topic, body, delay, partition, sharding_key, trace_id, headers, timeout, tag
         )
         try:
             if type(plan) is bytes:
@@ -246,7 +253,13 @@ class Producer(ProducerCore[_Node]):
                 return None
             assert isinstance(plan, Request)
             answer, address, part = self._send(
-                topic, plan.build, partition, sharding_key, timeout, deferred=plan.deferred
+                topic,
+                plan.build,
+                partition,
+                sharding_key,
+                timeout,
+                deferred=plan.deferred,
+                ext=plan.ext,
             )
         except NSQError:
             self._failed += 1
@@ -261,6 +274,7 @@ class Producer(ProducerCore[_Node]):
         partition: int | None = None,
         sharding_key: ShardingKey | None = None,
         trace_ids: Sequence[int] | None = None,
+        tags: Sequence[str | None] | None = None,
         timeout: float | None = None,
     ) -> list[PublishResult] | None:
         """Publish several messages with MPUB, split into as few batches as nsqd accepts.
@@ -280,6 +294,7 @@ class Producer(ProducerCore[_Node]):
                 ``MPUB_TRACE``.
             timeout: Seconds each batch may take, retries included; default: the
                 Producer's ``timeout``.
+            tags: one dispatch tag (or ``None``) per message (MPUB_EXT).
 
         Returns:
             For a traced publish (``trace_ids`` given, or tracing on for the topic), one
@@ -301,7 +316,7 @@ class Producer(ProducerCore[_Node]):
             ConnectionClosed: The connection failed and the retries ran out.
         """
         self._check_usable()
-        plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout)
+        plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout, tags)
         if type(plan) is bytes:
             data = plan
             count = len(bodies) if type(bodies) is list else mpub_count(topic, data)
@@ -323,6 +338,7 @@ class Producer(ProducerCore[_Node]):
                     sharding_key,
                     timeout,
                     count=request.count,
+                    ext=request.ext,
                 )
             except NSQError as exc:
                 self._failed += plan.total - done
@@ -345,6 +361,7 @@ class Producer(ProducerCore[_Node]):
         *,
         deferred: bool = False,
         count: int = 1,
+        ext: bool = False,
     ) -> tuple[bytes, str, int | None]:
         """Route (by lookup when ``topic`` is given), send ``count`` messages, retry;
         (answer, nsqd, partition)."""
@@ -367,7 +384,7 @@ class Producer(ProducerCore[_Node]):
                 else:
                     node, conn = self._acquire(deadline)
                     part = partition
-                check_server(conn.features, conn.address, part, deferred)
+                check_server(conn.features, conn.address, part, deferred, ext)
                 try:
                     answer = conn.request(build(part), max(0.0, deadline - time.monotonic()))
                 except (ConnectionClosed, ServerError):
