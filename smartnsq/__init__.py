@@ -4,8 +4,14 @@ import logging
 
 from smartnsq._version import __version__
 from smartnsq.connection import Connection, ConnectionConfig, Features
-from smartnsq.consumer import Consumer, ConsumerStats
+from smartnsq.consumer import Consumer
 from smartnsq.message import Message
+from smartnsq.observe.stats import (
+    ConsumerNodeStats,
+    ConsumerStats,
+    ProducerNodeStats,
+    ProducerStats,
+)
 from smartnsq.offsets import PartitionOffsets, partition_offsets
 from smartnsq.producer import Producer
 from smartnsq.protocol.message import PublishResult
@@ -15,11 +21,14 @@ __all__ = [
     "Connection",
     "ConnectionConfig",
     "Consumer",
+    "ConsumerNodeStats",
     "ConsumerStats",
     "Features",
     "Message",
     "PartitionOffsets",
     "Producer",
+    "ProducerNodeStats",
+    "ProducerStats",
     "PublishResult",
     "__version__",
     "partition_offsets",

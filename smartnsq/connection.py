@@ -188,7 +188,34 @@ _Waiter = _EventWaiter | _FutureWaiter
 
 
 class Connection:
-    """A handshaken connection to one nsqd. Create it with :meth:`open`."""
+    """A handshaken connection to one nsqd. Create it with [`open`][smartnsq.Connection.open].
+
+    Run [`run`][smartnsq.Connection.run] in a task group: it reads frames, answers
+    heartbeats and matches answers to requests:
+
+        from smartnsq.protocol import commands
+
+        conn = await Connection.open("127.0.0.1:4150")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(conn.run)
+            await conn.request(commands.pub("events", b"hello"), publish=True)
+            await conn.close()
+
+    Args:
+        address: The nsqd address (``host:port``).
+        link: The transport, already connected (``open`` makes it).
+        config: The settings to handshake with.
+
+    Attributes:
+        address: The nsqd address (``host:port``).
+        config: The settings it was opened with.
+        features: What nsqd agreed to in IDENTIFY.
+        auth: nsqd's answer to AUTH (identity and permissions), or None.
+        on_messages: Called with a read buffer and the ``(frame type, start, end)`` spans of
+            the message frames in it.
+        closed: Whether the connection is closed.
+        close_reason: Why it closed, once it has.
+    """
 
     def __init__(self, address: str, link: Link, config: ConnectionConfig) -> None:
         self.address = address
@@ -233,7 +260,23 @@ class Connection:
 
     @classmethod
     async def open(cls, address: str, config: ConnectionConfig | None = None) -> Connection:
-        """Connect to ``address`` (``host:port``) and complete the handshake."""
+        """Connect to ``address`` and complete the handshake (IDENTIFY, TLS, compression, AUTH).
+
+        Args:
+            address: ``host:port`` of an nsqd's TCP port (``[v6]:port`` too).
+            config: The settings; default: ``ConnectionConfig()``.
+
+        Returns:
+            The connection, ready for [`run`][smartnsq.Connection.run].
+
+        Raises:
+            ConnectFailed: The connection or the handshake failed or timed out
+                ([`InsecureAuth`][smartnsq.errors.InsecureAuth] when AUTH would go out
+                unencrypted with ``auth_over_plaintext=False``).
+            ServerError: nsqd refused IDENTIFY or AUTH.
+            ProtocolError: The peer does not speak NSQ.
+            InvalidArgument: ``address`` is not a valid ``host:port``.
+        """
         config = config or ConnectionConfig()
         host, port = parse_address(address)
         try:
@@ -300,8 +343,9 @@ class Connection:
     async def run(self) -> None:
         """Deliver incoming frames until the connection closes, for whatever reason.
 
-        Whether it ends by itself, by :meth:`close` or by a cancelled caller, the connection
-        is shut down (socket closed, waiting requests failed) before it returns.
+        Whether it ends by itself, by [`close`][smartnsq.Connection.close] or by a cancelled
+        caller, the connection is shut down (socket closed, waiting requests failed) before
+        it returns.
         """
         reason: BaseException | None = None
         try:
@@ -439,20 +483,28 @@ class Connection:
     @property
     def raw_write(self) -> Callable[[bytes], None]:
         """The transport's buffered write, for hot paths that already know the connection
-        is up; it raises :class:`ConnectionClosed` once the transport is going down."""
+        is up; it raises ``ConnectionClosed`` once the transport is going down."""
         return self._link.write
 
     def queue(self, data: bytes) -> None:
         """Send a command soon, coalesced with others; never blocks.
 
-        Raises :class:`ConnectionClosed` if the connection is (going) down.
+        Args:
+            data: The encoded command.
+
+        Raises:
+            ConnectionClosed: The connection is (going) down.
         """
         if self.closed:
             raise self._closed_error()
         self._link.write(data)  # raises ConnectionClosed itself when the link is going down
 
     async def flush(self) -> None:
-        """Wait until the transport has room for more (backpressure)."""
+        """Wait until the transport has room for more (backpressure).
+
+        Raises:
+            ConnectionClosed: The connection is (going) down, or writing failed.
+        """
         if self.closed or self._link.closing:
             raise self._closed_error()
         try:
@@ -463,7 +515,14 @@ class Connection:
             raise err from exc
 
     async def send(self, data: bytes) -> None:
-        """Queue ``data`` and wait for transport buffer space."""
+        """Queue ``data`` and wait for transport buffer space.
+
+        Args:
+            data: The encoded command.
+
+        Raises:
+            ConnectionClosed: The connection is (going) down, or writing failed.
+        """
         self.queue(data)
         await self.flush()
 
@@ -472,8 +531,23 @@ class Connection:
     ) -> bytes:
         """Send a command that nsqd answers, and return the answer's payload.
 
-        Answers arrive in request order. A request that times out (:class:`NSQTimeout`) or
-        whose caller is cancelled stays queued, so later answers still match their requests.
+        Answers arrive in request order. A request that times out or whose caller is
+        cancelled stays queued, so later answers still match their requests.
+
+        Args:
+            data: The encoded command.
+            publish: Whether it is a publish (changes how the Youzan fork's leader errors
+                are treated: not fatal on publish).
+            timeout: Seconds to wait for the answer; None waits as long as the connection
+                lives.
+
+        Returns:
+            The payload of nsqd's response frame (``b"OK"`` for most commands).
+
+        Raises:
+            NSQTimeout: No answer within ``timeout``.
+            ServerError: nsqd answered with an error frame.
+            ConnectionClosed: The connection is or went down.
         """
         if not self.usable:
             raise self._closed_error()
@@ -540,7 +614,11 @@ class Connection:
             self.on_close(self)
 
     async def close(self, timeout: float = 5.0) -> None:
-        """Wait (up to ``timeout``) for outstanding answers, send what is queued, close."""
+        """Wait (up to ``timeout``) for outstanding answers, send what is queued, close.
+
+        Args:
+            timeout: Seconds to wait for outstanding answers, default 5.0.
+        """
         if self.closed:
             return
         self.retiring = True

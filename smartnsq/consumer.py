@@ -22,7 +22,6 @@ from collections.abc import (
     Iterable,
     Sequence,
 )
-from dataclasses import dataclass
 from functools import partial
 from types import CoroutineType
 from typing import Any
@@ -54,19 +53,24 @@ from smartnsq.errors import (
     SubExtendForbidden,
     SubExtendNeeded,
     SubOrderRequired,
+    TagNotSupported,
 )
 from smartnsq.inbox import Inbox
 from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import Node
 from smartnsq.message import Message, id_text
+from smartnsq.observe.logs import OncePerKind
+from smartnsq.observe.stats import ConsumerStats, consumer_stats
 from smartnsq.offsets import StartPlan
 from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
+from smartnsq.protocol.compress import maybe_compressed, unpack
 from smartnsq.protocol.frames import Span
 from smartnsq.protocol.message import CLASSIC, MessageLayout, decode_message
 from smartnsq.protocol.names import validate_channel, validate_topic
 from smartnsq.protocol.offsets import Skip, Start
+from smartnsq.protocol.tags import check_tag, check_tag_subscription
 from smartnsq.rdy import distribute
 from smartnsq.sync_pool import FAILED, GIVE_UP, RETURNED, SyncPool, build_message
 from smartnsq.trace import TraceSwitch, emit
@@ -82,17 +86,6 @@ Target = tuple[str, int | None]  # (nsqd tcp address, partition or None)
 _CLASSIC = CLASSIC
 _unpack_head = struct.Struct(">qH").unpack_from
 _CALL = 2  # inbox item (_CALL, function, args): a Message method called off the loop
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerStats:
-    received: int
-    finished: int
-    requeued: int
-    discarded: int
-    connections: int
-    in_flight: int
-    backoff_level: int
 
 
 class _Reader:
@@ -112,6 +105,7 @@ class _Reader:
         "rdy",
         "rdy_left",
         "rdy_since",
+        "received",
         "skip",
         "write",
     )
@@ -145,6 +139,7 @@ class _Reader:
         self.rdy = 0
         self.rdy_left = 0
         self.in_flight = 0
+        self.received = 0
         now = time.monotonic()
         self.last_message = now
         self.rdy_since = now
@@ -169,8 +164,6 @@ class _Reader:
 class Consumer:
     """Consumes a channel of a topic from one or more nsqd.
 
-    ::
-
         async def handle(message: Message) -> None:
             ...  # return: FIN; return False or raise: REQ with backoff
 
@@ -187,41 +180,39 @@ class Consumer:
     ``async def`` handlers run on the event loop, ``concurrency`` at a time. Plain ``def``
     handlers run in a pool of up to ``concurrency`` worker threads (default:
     ``max_in_flight``, at most 100), so a handler that blocks does not stop the event loop
-    from answering nsqd's heartbeats; :meth:`Message.finish` and friends may be called from
-    those threads.
+    from answering nsqd's heartbeats; [`Message.finish`][smartnsq.Message.finish] and friends
+    may be called from those threads.
 
     One nsqd or nsqlookupd that fails, in whatever way, is logged, retried with backoff and
     does not stop consumption from the others.
 
-    Or pull messages without a handler::
+    Or pull messages without a handler:
 
         async with Consumer("events", "archive", nsqd_tcp_addresses=[...]) as consumer:
             async for message in consumer:
                 ...  # finished automatically when the next one is pulled
 
-    Args:
-        start: Where to start reading a Youzan partitioned topic (with
-            ``lookupd_http_addresses``): ``None`` (default) reads from the channel's own
-            position; ``"earliest"`` from the earliest retained message; ``"latest"`` only
-            messages published from now on; a Unix time (int/float seconds, or an aware
-            ``datetime``; the fork resolves whole seconds) from the first message published
-            at or after that second; a mapping ``{partition: queue offset}`` (offsets as in
-            :attr:`Message.offset`) from the first message at or after each offset, other
-            partitions keeping the channel's position. It moves the *channel* (nsqd's
-            ``/channel/setoffset`` on each partition's leader), so it affects every consumer
-            of that channel on that partition; it is applied when this consumer first
-            subscribes to a partition, before any message is read, and only if no other
-            client is subscribed to the channel there (else a warning is logged and the
-            channel's position is kept). It is applied once per partition: a reconnect
-            resumes where the channel is. Checked on start: a classic cluster raises
-            :class:`~smartnsq.errors.NotSupported`, an unknown partition
-            :class:`~smartnsq.errors.InvalidArgument`, an offset outside what the
-            partition retains :class:`~smartnsq.errors.OffsetOutOfRange`.
-        partitions: Partition numbers to consume (default: every partition). Needs
-            ``lookupd_http_addresses``; checked on start like ``start``.
-        advanced: Subscribe with ``SUB_ADVANCED`` so every message of an unordered
-            partitioned topic carries :attr:`Message.offset` and :attr:`Message.raw_size`
-            (ordered topics always do). Implied by ``start``.
+    Bodies that a Youzan producer compressed itself (go-nsq's ``TopicsForCompress``, or
+    ``compress_topics`` of [`smartnsq.Producer`][smartnsq.Producer]) are handed over
+    decompressed; as with go-nsq, the headers ``nsq.client.compress`` and ``nsq.msg.size`` stay in
+    ``message.headers``. A body that cannot be decompressed (unknown codec, corrupt block)
+    never reaches the handler: it fails with [`DecompressFailed`][smartnsq.errors.DecompressFailed]
+    and is logged and requeued (given up after ``max_attempts``) like a handler failure.
+
+
+    A Consumer can be started once, and belongs to the event loop (thread) and process that
+    started it: used from another thread it raises
+    [`WrongEventLoop`][smartnsq.errors.WrongEventLoop], in a child after ``fork()``
+    [`UsedAfterFork`][smartnsq.errors.UsedAfterFork].
+
+    Attributes:
+        topic: The topic consumed.
+        channel: The channel subscribed to.
+        trace: Run-time trace switch ([`TraceSwitch`][smartnsq.trace.TraceSwitch]): while
+            tracing is on for the topic, each message received is written as a ``consume``
+            trace record.
+        last_error: The last error an nsqd refused the subscription with (say, an ordered
+            topic subscribed with ``ordered=False``), or None.
     """
 
     def __init__(
@@ -269,7 +260,164 @@ class Consumer:
         start: Start = None,
         partitions: Iterable[int] | None = None,
         advanced: bool = False,
+        desired_tag: str | None = None,
     ) -> None:
+        """Configure a consumer; nothing connects until it is started.
+
+        Start it with ``async with``, [`run`][smartnsq.Consumer.run] or
+        [`smartnsq.run`][smartnsq.run]. Every argument is checked here: a wrong type raises
+        [`InvalidType`][smartnsq.errors.InvalidType], a value out of range
+        [`InvalidArgument`][smartnsq.errors.InvalidArgument]. Times are in seconds.
+
+        Args:
+            topic: The topic to consume (NSQ's naming rules: 1-64 characters of
+                ``[.a-zA-Z0-9_-]``, optionally ending in ``#ephemeral``).
+            channel: The channel to subscribe to (the same rules as ``topic``). Consumers on
+                one channel share its messages; each channel gets every message.
+            handler: Called with each [`Message`][smartnsq.Message]. An ``async def`` handler
+                runs on the event loop, ``concurrency`` at a time; a plain ``def`` handler runs
+                in a pool of up to ``concurrency`` worker threads. Returning ``None``, ``True``
+                or anything but ``False`` FINs the message; returning ``False`` or raising REQs
+                it (the exception is logged with its traceback) and counts as a failure for
+                backoff. An awaitable it returns is awaited first. ``None`` (the default):
+                no handler; iterate with ``async for message in consumer``.
+            nsqd_tcp_addresses: nsqd TCP addresses (``host:port``) to connect to directly.
+                Each is kept connected (reconnecting with backoff, see ``reconnect_min``)
+                whatever the lookupds say.
+            lookupd_http_addresses: nsqlookupd HTTP addresses (``host:port`` or an
+                ``http(s)://`` URL). Every lookupd is asked at once, every
+                ``lookupd_poll_interval``; the consumer connects to each nsqd that has the
+                topic (on Youzan, one connection per partition) and disconnects from the ones
+                no lookupd lists any more. At least one of ``nsqd_tcp_addresses`` and
+                ``lookupd_http_addresses`` is required.
+            max_in_flight: Most messages held at once over all connections (the sum of the
+                RDY counts), an int >= 0; 0 pauses. It is spread evenly over the connections;
+                with fewer than there are connections, connections take turns holding RDY 1.
+                Default 1. Change it at run time with
+                [`set_max_in_flight`][smartnsq.Consumer.set_max_in_flight].
+            max_attempts: A message delivered more than this many times is not handed to the
+                handler: it goes to ``on_giving_up`` (or a warning is logged) and is FINed.
+                0 means no limit. Not applied on ordered partitions, where skipping a message
+                would break the order. Default 5.
+            requeue_delay: Delay of a REQ when the handler fails (or calls
+                ``message.requeue()`` without a delay): ``requeue_delay`` times the message's
+                attempts, capped by ``max_requeue_delay``. Default 90.0. Ordered partitions
+                always requeue with no delay.
+            max_requeue_delay: Cap of that delay, default 3600.0 (nsqd caps it at its own
+                ``--max-req-timeout`` too).
+            backoff: Whether failures slow consumption down. Each failure raises the backoff
+                level (each success lowers it); while it is above 0 every connection gets RDY 0
+                for a window of ``backoff_unit * 2**level`` seconds (at most
+                ``max_backoff_duration``, shortened by up to 20 % at random), then one random
+                connection gets RDY 1 to test the waters. Back at level 0, full RDY resumes.
+                Default True.
+            max_backoff_duration: Longest backoff window, default 128.0 (> 0). It also caps the
+                level at ``ceil(log2(max_backoff_duration / backoff_unit))``.
+            backoff_unit: Length of the level-1 backoff window's unit, default 1.0 (> 0).
+            lookupd_poll_interval: Time between two lookupd queries, default 60.0 (> 0),
+                varied by ``lookupd_poll_jitter``. A dropped connection triggers an early query
+                (at most one a second).
+            lookupd_poll_jitter: Each wait between queries is ``lookupd_poll_interval`` times
+                a random factor in ``[1 - jitter, 1 + jitter]``; in ``[0, 1)``, default 0.3.
+            reconnect_min: Base of the delay before reconnecting to an nsqd, default 0.5
+                (> 0): after a connection that ended without an error, ``reconnect_min``;
+                after ``n`` failures in a row, ``reconnect_min * 2**n`` (at most
+                ``reconnect_max``); each shortened by up to half at random.
+            reconnect_max: Longest delay between reconnection attempts, default 60.0 (> 0).
+            rdy_redistribute_interval: How often RDY is recomputed over the connections,
+                default 5.0 (> 0). With fewer ``max_in_flight`` slots than connections, a
+                connection that has held RDY this long gives it to one that waits.
+            low_rdy_idle_timeout: With fewer slots than connections, a connection holding RDY
+                that received nothing for this long gives it to one that waits; default 10.0
+                (> 0).
+            concurrency: How many handlers run at once: worker tasks for an ``async def``
+                handler, at most this many threads for a plain ``def`` one (threads are added
+                only while handlers are stuck). An int >= 1; default ``max_in_flight``, kept
+                between 1 and 100.
+            auto_touch: Whether to TOUCH messages whose handler is still running: checked
+                every second, a message is touched once half of nsqd's message timeout has
+                passed since it arrived (or was last touched), until nsqd's
+                ``--max-msg-timeout`` since it arrived. Default False.
+            msg_timeout: How long nsqd waits for an answer to a message before delivering it
+                again, sent in IDENTIFY (nsqd caps it at ``--max-msg-timeout``). Default None:
+                nsqd's ``--msg-timeout`` (60 s by default).
+            heartbeat_interval: How often nsqd sends a heartbeat, sent in IDENTIFY: 1 to 60,
+                or -1 to disable. A connection silent for two intervals (plus 10 %, at least
+                0.5 s) is closed and reconnected. Default 30.0.
+            on_giving_up: Called with a message that exceeded ``max_attempts``, before it is
+                FINed; may be ``async`` (then awaited in the background). Its exceptions are
+                logged. Default None: a warning is logged.
+            tls: ``True`` for TLS with the system's trusted certificates and host name
+                verification, an ``ssl.SSLContext`` for your own settings
+                (client certificates, a private CA), ``False`` (default) for plain TCP.
+            tls_hostname: Name the server certificate is checked against; default: the host
+                of the nsqd address.
+            snappy: Compress the connection with Snappy. Default False.
+            deflate: Compress the connection with DEFLATE (not together with ``snappy``).
+                Default False.
+            deflate_level: DEFLATE level, 1 to 9, default 6.
+            auth_secret: Secret sent with AUTH when nsqd requires authentication. Without TLS
+                it is readable on the network: a warning is given once per process (see
+                ``auth_over_plaintext``).
+            client_id: Client id reported to nsqd (shown in its stats); default: the short host
+                name.
+            sample_rate: Percentage of the channel's messages nsqd delivers to this consumer,
+                0 to 99; 0 (default) delivers all.
+            connect_timeout: Time allowed for the TCP connection to an nsqd, default 5.0.
+            ordered: Youzan ordered topics: ``True`` subscribes with ``SUB_ORDERED`` (one
+                message in flight per partition, checked by offset), ``False`` never does,
+                ``None`` (default) follows the topic's metadata from lookupd and what nsqd
+                demands.
+            ext: Youzan ext topics (messages with JSON headers): ``True`` negotiates
+                ``extend_support``, ``False`` does not, ``None`` (default) follows the topic.
+            on_order_violation: Called as ``(message, last_internal_id, last_offset)`` when a
+                message of an ordered partition comes before the previous one (its internal
+                id or offset went backwards); the violation is logged as an error either way.
+                May be ``async``. Default None.
+            on_blocked: Called with a message of an ordered partition that arrives with at
+                least ``blocked_warn_attempts`` attempts (it blocks its partition). May be
+                ``async``. Default None.
+            blocked_warn_attempts: On ordered partitions, a message on this many attempts (and
+                every multiple of it) is logged as a warning; an int >= 1, default 10.
+            blocked_error_attempts: From this many attempts on, that log line is an error;
+                an int >= 1, default 50.
+            auth_over_plaintext: ``False`` refuses to send ``auth_secret`` to an nsqd that asks
+                for it over an unencrypted connection: the connection fails with
+                [`InsecureAuth`][smartnsq.errors.InsecureAuth]. Default True.
+            start: Where to start reading a Youzan partitioned topic (with
+                ``lookupd_http_addresses``): ``None`` (default) reads from the channel's own
+                position; ``"earliest"`` from the earliest retained message; ``"latest"`` only
+                messages published from now on; a Unix time (int/float seconds, or an aware
+                ``datetime``; the fork resolves whole seconds) from the first message published
+                at or after that second; a mapping ``{partition: queue offset}`` (offsets as in
+                ``Message.offset``) from the first message at or after each offset, other
+                partitions keeping the channel's position. It moves the *channel* (nsqd's
+                ``/channel/setoffset`` on each partition's leader), so it affects every consumer
+                of that channel on that partition; it is applied when this consumer first
+                subscribes to a partition, before any message is read, and only if no other
+                client is subscribed to the channel there (else a warning is logged and the
+                channel's position is kept). It is applied once per partition: a reconnect
+                resumes where the channel is. Checked on start: a classic cluster raises
+                [`NotSupported`][smartnsq.errors.NotSupported], an unknown partition
+                [`InvalidArgument`][smartnsq.errors.InvalidArgument], an offset outside what the
+                partition retains [`OffsetOutOfRange`][smartnsq.errors.OffsetOutOfRange].
+            partitions: Partition numbers to consume (default: every partition). Needs
+                ``lookupd_http_addresses``; checked on start like ``start``.
+            advanced: Subscribe with ``SUB_ADVANCED`` so every message of an unordered
+                partitioned topic carries ``offset`` and ``raw_size``
+                ([`Message`][smartnsq.Message]; ordered topics always do). Implied by ``start``.
+            desired_tag: Receive only the messages published with this dispatch tag (Youzan
+                ext topics; sent in IDENTIFY). 1-100 ASCII letters, digits, ``_`` or ``-``.
+                On a topic without ext headers, or a classic nsqd, which would ignore it and
+                deliver everything, the consumer refuses to subscribe
+                ([`TagNotSupported`][smartnsq.errors.TagNotSupported], logged and kept in
+                ``last_error``).
+
+        Raises:
+            InvalidArgument: A value is out of range, a name breaks NSQ's rules, or neither
+                ``nsqd_tcp_addresses`` nor ``lookupd_http_addresses`` was given.
+            InvalidType: A value has the wrong type.
+        """
         self.topic = validate_topic(topic)
         self.channel = validate_channel(channel)
         if handler is not None and not callable(handler):
@@ -295,6 +443,10 @@ class Consumer:
         check_bool("auto_touch", auto_touch)
         check_bool("ordered", ordered, allow_none=True)
         check_bool("ext", ext, allow_none=True)
+        if desired_tag is not None:
+            check_tag("desired_tag", desired_tag)
+            if ext is False:
+                raise InvalidArgument("desired_tag needs an ext topic: leave ext=None (or True)")
         check_callable("on_order_violation", on_order_violation)
         check_callable("on_blocked", on_blocked)
         check_number("blocked_warn_attempts", blocked_warn_attempts, integer=True, min=1)
@@ -367,6 +519,7 @@ class Consumer:
         self._awaiting: set[Message] = set()
         self._fin_readers: dict[int, _Reader] = {}  # thread index -> reader its FINs are for
         self._lookup_failures = 0
+        self._failures: dict[Target, int] = {}  # failed connection attempts in a row
         self._received = self._finished = self._requeued = self._discarded = 0
         self._backoff_level = 0
         self._backoff_blocked = False
@@ -389,7 +542,8 @@ class Consumer:
         self._ordered_option = ordered
         self._ext_option = ext
         self._ordered = bool(ordered)
-        self._ext = bool(ext)
+        self._ext = bool(ext) or desired_tag is not None  # tags exist only on ext topics
+        self._desired_tag = desired_tag
         self.last_error: ServerError | None = None
         self.trace = TraceSwitch()
         self._order: dict[int | None, OrderChecker] = {}
@@ -422,7 +576,14 @@ class Consumer:
             await self._tg.__aexit__(None, None, None)
 
     async def run(self) -> None:
-        """Start consuming and block until :meth:`stop` is called (from another task)."""
+        """Start consuming and block until [`stop`][smartnsq.Consumer.stop] is called.
+
+        Call ``stop`` from another task (or a handler), or run the consumer with
+        [`smartnsq.run`][smartnsq.run], which stops it on SIGINT or SIGTERM.
+
+        Raises:
+            NSQError: The consumer was already started.
+        """
         if self._started:
             raise NSQError("a Consumer can be started only once")
         await self._start.check()
@@ -451,7 +612,7 @@ class Consumer:
             tg.start_soon(self._run_workers)
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Stop gracefully.
+        """Stop gracefully; nothing is left in flight.
 
         Sends RDY 0 and CLS everywhere, requeues messages not yet handed to the handler (a
         message pulled with ``async for`` counts as handled and is finished), lets
@@ -462,6 +623,13 @@ class Consumer:
 
         Called again while a stop is under way, it waits for that stop, cutting its wait for
         running handlers down to ``timeout`` if that is sooner (say, on a second Ctrl-C).
+
+        Args:
+            timeout: Seconds running handlers get to finish (>= 0), default 10.0.
+
+        Raises:
+            WrongEventLoop: Called from another thread than the one running the consumer.
+            UsedAfterFork: Called in a child process after ``fork()``.
         """
         if self._thread != get_ident() or self._forks != FORKS[0]:
             wrong_owner("Consumer", self._thread, self._forks)
@@ -525,10 +693,26 @@ class Consumer:
 
     @property
     def max_in_flight(self) -> int:
+        """The current ``max_in_flight``.
+
+        Change it with [`set_max_in_flight`][smartnsq.Consumer.set_max_in_flight].
+        """
         return self._max_in_flight
 
     def set_max_in_flight(self, value: int) -> None:
-        """Change max_in_flight at run time; 0 pauses consumption."""
+        """Change ``max_in_flight`` at run time; 0 pauses consumption.
+
+        RDY is recomputed over the connections at once (lowered first, so the total never
+        exceeds the new value).
+
+        Args:
+            value: Most messages held at once over all connections, an int >= 0.
+
+        Raises:
+            InvalidArgument: ``value`` is negative.
+            InvalidType: ``value`` is not an int.
+            WrongEventLoop: Called from another thread than the one running the consumer.
+        """
         if self._thread != get_ident() or self._forks != FORKS[0]:
             wrong_owner("Consumer", self._thread, self._forks)
         check_number("max_in_flight", value, integer=True, min=0)
@@ -536,20 +720,25 @@ class Consumer:
         self._redistribute()
 
     def is_starved(self) -> bool:
-        """True when some connection has used 85% or more of its RDY on unanswered messages:
-        a batching handler should process what it holds now."""
+        """Whether some connection has used 85 % or more of its RDY on unanswered messages.
+
+        A handler that batches messages (``message.disable_auto_response()`` and answers
+        later) should process what it holds when this is True: nsqd sends nothing more on a
+        connection whose RDY is used up.
+
+        Returns:
+            True when some connection with RDY > 0 has at least 85 % of it in flight.
+        """
         return any(r.rdy and r.in_flight >= 0.85 * r.rdy for r in self._readers.values())
 
     def stats(self) -> ConsumerStats:
-        return ConsumerStats(
-            received=self._received,
-            finished=self._finished,
-            requeued=self._requeued,
-            discarded=self._discarded,
-            connections=len(self._readers),
-            in_flight=sum(r.in_flight for r in self._readers.values()),
-            backoff_level=self._backoff_level,
-        )
+        """Counters since the start, and each subscribed connection's RDY and in-flight.
+
+        Returns:
+            A [`ConsumerStats`][smartnsq.ConsumerStats] snapshot (``nodes``: per connection).
+        """
+        counts = self._received, self._finished, self._requeued, self._discarded
+        return consumer_stats(*counts, self._backoff_level, list(self._readers.values()))
 
     # -- pulling ---------------------------------------------------------------------------------
 
@@ -586,6 +775,7 @@ class Consumer:
         n = len(spans)
         reader.in_flight += n
         reader.rdy_left -= n
+        reader.received += n
         self._received += n
         reader.last_message = reader.batch_time
         if reader.rdy and reader.rdy_left <= reader.rdy >> 2 and not self._backoff_level:
@@ -653,6 +843,9 @@ class Consumer:
             return False
         if self.max_attempts and msg.attempts > self.max_attempts and not reader.ordered:
             self._give_up(msg)
+            return False
+        if msg.ext is not None and maybe_compressed(msg.ext) and (failed := unpack(msg)):
+            self._handler_failed(msg, failed)  # as if the handler had raised it
             return False
         if self._pool is not None:
             return True
@@ -805,7 +998,7 @@ class Consumer:
         try:
             reader.write(b"FIN " + b"\nFIN ".join(ids) + b"\n")
         except ConnectionClosed:
-            log.info(
+            log.debug(  # the lost connection itself is logged once
                 "could not finish %d messages: connection to %s is gone; nsqd will redeliver",
                 n,
                 reader.address,
@@ -966,7 +1159,7 @@ class Consumer:
 
     @staticmethod
     def _answer_lost(msg: Message, what: str) -> None:
-        log.info(
+        log.debug(  # per message; the lost connection itself is logged once
             "could not %s message %s: connection to %s is gone; nsqd will redeliver it",
             what,
             id_text(msg),
@@ -1016,6 +1209,7 @@ class Consumer:
         """Count one handler result. While a backoff window is open, results do not count."""
         if self._backoff_blocked or self._stopping:
             return
+        entering = self._backoff_level == 0
         if success:
             if self._backoff_level == 0:
                 return
@@ -1026,16 +1220,16 @@ class Consumer:
             log.info("backoff over; resuming full RDY")
             self._redistribute()
             return
-        self._open_backoff_window()
+        self._open_backoff_window(logging.INFO if entering else logging.DEBUG)
 
-    def _open_backoff_window(self) -> None:
+    def _open_backoff_window(self, level: int) -> None:
         self._backoff_blocked = True
         self._backoff_epoch += 1
         for reader in self._readers.values():
             reader.set_rdy(0)
         interval = min(self.backoff_unit * 2**self._backoff_level, self.max_backoff_duration)
         interval *= random.uniform(0.8, 1.0)
-        log.info("backing off for %.2fs (level %d)", interval, self._backoff_level)
+        log.log(level, "backing off for %.2fs (level %d)", interval, self._backoff_level)
         if self._tg is not None:
             self._tg.start_soon(self._end_backoff_window, interval, self._backoff_epoch)
 
@@ -1108,30 +1302,36 @@ class Consumer:
             scope.cancel()
 
     async def _connection_loop(self, target: Target) -> None:
-        failures = 0
+        # One WARNING when a connection is lost (or the first attempt fails), DEBUG for the
+        # attempts after it, INFO when subscribed again (_connect_and_consume resets it).
         name = _target_name(target)
         with anyio.CancelScope() as scope:
             self._loops[target] = scope
             while target in self._wanted and not self._stopping:
                 try:
                     await self._connect_and_consume(target)
-                    failures = 0
-                except (SubOrderRequired, SubExtendNeeded, SubExtendForbidden) as exc:
-                    failures += 1
+                    failures = self._failures[target] = 0
+                except (
+                    SubOrderRequired,
+                    SubExtendNeeded,
+                    SubExtendForbidden,
+                    TagNotSupported,
+                ) as exc:
+                    failures = self._failures[target] = self._failures.get(target, 0) + 1
                     if self._adapt(exc):
                         log.warning("nsqd %s: %s; switching subscription mode", name, exc)
-                        failures = 0
+                        self._failures[target] = 0
                         continue
                     self.last_error = exc
                     level = logging.ERROR if failures == 1 else logging.DEBUG
                     log.log(level, "nsqd %s refuses the subscription: %s", name, _explain(exc))
                 except Exception as exc:  # one bad node must not stop the rest
-                    failures += 1
+                    failures = self._failures[target] = self._failures.get(target, 0) + 1
                     level = logging.WARNING if failures == 1 else logging.DEBUG
                     expected = isinstance(exc, NSQError | OSError)
                     log.log(
                         level,
-                        "nsqd %s: %s (attempt %d)",
+                        "nsqd %s: %s; reconnecting (attempt %d; logged once until it recovers)",
                         name,
                         exc if expected else repr(exc),
                         failures,
@@ -1145,6 +1345,7 @@ class Consumer:
                 await anyio.sleep(delay * random.uniform(0.5, 1.0))
         if self._loops.get(target) is scope:
             del self._loops[target]
+            self._failures.pop(target, None)
 
     def _adapt(self, exc: ServerError) -> bool:
         """With ``ordered``/``ext`` left to the topic (None), follow what the server demands."""
@@ -1160,16 +1361,21 @@ class Consumer:
         address, partition = target
         ordered, ext = self._ordered, self._ext
         config = self._config
+        tag = self._desired_tag
         if ext:
-            config = dataclasses.replace(config, extend_support=True)
+            extra = {} if tag is None else {"desired_tag": tag}
+            config = dataclasses.replace(config, extend_support=True, identify_extra=extra)
         start = self._start
         # SUB_ADVANCED with 4 tokens: a 5th (its own start) would make nsqd ignore the partition.
         advanced = not ordered and start.advanced
         conn = await Connection.open(address, config)
+        if tag is not None and not (conn.features.youzan and ext):
+            await conn.close(timeout=0)
+            check_tag_subscription(self.topic, tag, conn.features.youzan, ext)
         reader = _Reader(self, address, conn, partition, ordered=ordered, ext=ext, offsets=advanced)
         conn.on_messages = partial(self._on_messages, reader)
         conn.before_read = reader.before_read
-        conn.on_async_error = lambda err: log.warning("nsqd %s: %s", address, err)
+        conn.on_async_error = OncePerKind(log, address)
         sub = (
             commands.sub_ordered if ordered else commands.sub_advanced if advanced else commands.sub
         )
@@ -1187,12 +1393,14 @@ class Consumer:
                     tg.cancel_scope.cancel()
                     return
                 self._readers[target] = reader
+                failed = self._failures.pop(target, 0)
                 log.info(
-                    "subscribed to %s/%s on nsqd %s%s",
+                    "subscribed to %s/%s on nsqd %s%s%s",
                     self.topic,
                     self.channel,
                     _target_name(target),
                     " (ordered)" if ordered else "",
+                    f" again after {failed} failed attempts" if failed else "",
                 )
                 if not self._backoff_level and self._max_in_flight:
                     reader.set_rdy(1)  # prove the connection before giving it a full share
@@ -1240,6 +1448,8 @@ class Consumer:
             level = logging.WARNING if self._lookup_failures == 1 else logging.DEBUG
             log.log(level, "lookup of %s failed: %r", self.topic, exc, exc_info=exc)
         else:
+            if self._lookup_failures:
+                log.info("lookup of %s works again", self.topic)
             self._lookup_failures = 0
 
     async def _apply_lookup(self) -> None:
@@ -1282,6 +1492,8 @@ def _explain(exc: ServerError) -> str:
         return f"{exc}: the topic is ordered; use ordered=True (or leave ordered=None)"
     if isinstance(exc, SubExtendNeeded):
         return f"{exc}: the topic carries ext headers; use ext=True (or leave ext=None)"
+    if isinstance(exc, TagNotSupported):
+        return str(exc)
     return f"{exc}: the topic has no ext headers; use ext=False (or leave ext=None)"
 
 

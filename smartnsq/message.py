@@ -15,14 +15,31 @@ class Message(RawMessage):
     """A delivered message.
 
     The consumer answers it for you: FIN when the handler returns, REQ when it returns
-    ``False`` or raises. Take over with :meth:`finish`, :meth:`requeue` and :meth:`touch`
-    (they queue the command and return at once), or with :meth:`disable_auto_response` to
-    answer later, from anywhere: called from another thread (a plain ``def`` handler runs in
-    a worker thread), they are carried over to the event loop, in order.
+    ``False`` or raises. Take over with [`finish`][smartnsq.Message.finish],
+    [`requeue`][smartnsq.Message.requeue] and [`touch`][smartnsq.Message.touch] (they queue
+    the command and return at once), or with
+    [`disable_auto_response`][smartnsq.Message.disable_auto_response] to answer later, from
+    anywhere: called from another thread (a plain ``def`` handler runs in a worker thread),
+    they are carried over to the event loop, in order. A message is answered once: a second
+    answer raises [`NSQError`][smartnsq.errors.NSQError].
 
-    On the Youzan fork, :attr:`partition`, :attr:`internal_id`, :attr:`trace_id`, and (for
-    ordered topics, and with the consumer's ``advanced=True`` or ``start``)
-    :attr:`offset` (the queue offset) and :attr:`raw_size` describe where it came from.
+    On the Youzan fork, ``partition``, ``internal_id``, ``trace_id``, ``headers`` and (for
+    ordered topics, and with the consumer's ``advanced=True`` or ``start``) ``offset`` (the
+    queue offset) and ``raw_size`` describe where it came from.
+
+    Attributes:
+        body: The message body (bytes).
+        id: The 16-byte message id, echoed back in FIN, REQ and TOUCH (classic nsqd: 16 hex
+            characters; Youzan: the 8-byte internal id then the 8-byte trace id).
+        attempts: How many times nsqd has delivered it, this delivery included (1 the first
+            time).
+        timestamp: When it was published, in nanoseconds since the epoch.
+        offset: Youzan ordered or advanced subscriptions: the message's queue offset in its
+            partition (a byte position; else None).
+        raw_size: Youzan ordered or advanced subscriptions: its size in the partition's queue
+            (else None).
+        ext_version: Youzan ext topics: the ext header's format (0: none, 4: JSON).
+        ext: Youzan ext topics: the raw ext header (else None); ``headers`` decodes it.
     """
 
     __slots__ = ("_auto", "_reader", "_received", "_responded", "_touched")
@@ -48,10 +65,16 @@ class Message(RawMessage):
 
     @property
     def has_responded(self) -> bool:
+        """Whether the message was answered (FIN or REQ), by the consumer or by hand."""
         return self._responded
 
     def finish(self) -> None:
-        """Tell nsqd the message is done (FIN)."""
+        """Tell nsqd the message is done (FIN).
+
+        Raises:
+            NSQError: The message was already answered (called from another thread, this
+                is logged as a warning instead).
+        """
         consumer = self._reader.consumer
         if not consumer._on_loop():
             self._auto = False  # answered by hand: the thread must not FIN it as well
@@ -60,9 +83,21 @@ class Message(RawMessage):
     def requeue(self, delay: float | None = None, *, backoff: bool = True) -> None:
         """Give the message back for redelivery after ``delay`` seconds (REQ).
 
-        ``delay=None`` uses the consumer's policy (a multiple of the attempts, capped).
-        ``backoff=False`` does not count this as a failure for the consumer's backoff.
-        nsqd caps the delay at its ``--max-req-timeout`` (1 hour by default).
+        nsqd caps the delay at its ``--max-req-timeout`` (1 hour by default). On an ordered
+        partition the delay is always 0: the message must come back at once.
+
+        Args:
+            delay: Seconds before nsqd delivers it again (>= 0). ``None`` (default): the
+                consumer's policy, ``requeue_delay`` times the attempts, capped by
+                ``max_requeue_delay``.
+            backoff: Whether this counts as a failure for the consumer's backoff. Default
+                True; pass False to retry later without slowing the consumer down.
+
+        Raises:
+            InvalidArgument: ``delay`` is negative or too large.
+            InvalidType: ``delay`` is not a number.
+            NSQError: The message was already answered (called from another thread, this
+                is logged as a warning instead).
         """
         if delay is not None:
             delay = check_requeue_delay(delay)
@@ -72,7 +107,15 @@ class Message(RawMessage):
         consumer._from_anywhere(consumer._requeue, self, delay, backoff)
 
     def touch(self) -> None:
-        """Reset the server's timeout for this message (TOUCH)."""
+        """Reset nsqd's timeout for this message (TOUCH), to keep it while a handler runs long.
+
+        nsqd never extends it beyond its ``--max-msg-timeout`` (15 minutes by default) since
+        delivery. The consumer's ``auto_touch=True`` does this for you.
+
+        Raises:
+            NSQError: The message was already answered (called from another thread, the
+                TOUCH is then simply dropped).
+        """
         consumer = self._reader.consumer
         if consumer._on_loop():
             consumer._touch(self)
@@ -80,7 +123,13 @@ class Message(RawMessage):
             consumer._from_anywhere(consumer._touch_unless_answered, self)
 
     def disable_auto_response(self) -> None:
-        """Stop the consumer from answering the message when the handler returns or raises."""
+        """Stop the consumer from answering the message when the handler returns or raises.
+
+        Answer it later with [`finish`][smartnsq.Message.finish] or
+        [`requeue`][smartnsq.Message.requeue] (from any thread), before nsqd's message
+        timeout runs out (or [`touch`][smartnsq.Message.touch] it). A graceful stop does not
+        requeue such a message once its handler has returned.
+        """
         self._auto = False
 
 

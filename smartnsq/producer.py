@@ -6,7 +6,6 @@ shared with the blocking :class:`smartnsq.sync.Producer`; this module sends and 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -37,12 +36,11 @@ from smartnsq.publishing import (
     batch_failed,
     check_server,
     emit_publish,
+    mpub_count,
     timeout_error,
 )
 
 __all__ = ["DEFAULT_MAX_BODY_SIZE", "DEFAULT_MAX_MESSAGE_SIZE", "Producer", "emit_publish"]
-
-log = logging.getLogger("smartnsq.producer")
 
 
 class _Node(NodeHealth):
@@ -55,11 +53,15 @@ class _Node(NodeHealth):
         self.connections: list[Connection] = []
         self.lock = anyio.Lock()
 
+    def load(self) -> tuple[int, int]:
+        conns = list(self.connections)
+        return len(conns), sum(c.pending for c in conns)
+
 
 class Producer(ProducerCore[_Node]):
     """Publishes messages to one or more nsqd.
 
-    Use it as an async context manager::
+    Use it as an async context manager:
 
         async with Producer(nsqd_tcp_addresses=["127.0.0.1:4150"]) as producer:
             await producer.publish("events", b"hello")
@@ -72,11 +74,86 @@ class Producer(ProducerCore[_Node]):
     An nsqd that cannot be reached, does not speak NSQ or lets a publish time out is avoided
     for a while (growing with each failure), then tried again by one request at a time.
 
-    ``max_delay`` (seconds, default one hour as nsqd's ``--max-req-timeout``) is the longest
-    ``delay`` :meth:`publish` accepts; raise it when your nsqd allows more.
-    ``auth_over_plaintext=False`` refuses to send ``auth_secret`` to an nsqd without TLS.
-    A Producer belongs to the event loop (thread) and process that entered it; for plain
-    threads use :class:`smartnsq.sync.Producer`.
+    A Producer belongs to the event loop (thread) and process that entered it: used from
+    another thread it raises [`WrongEventLoop`][smartnsq.errors.WrongEventLoop], in a child
+    after ``fork()`` [`UsedAfterFork`][smartnsq.errors.UsedAfterFork]. For plain threads use
+    [`smartnsq.sync.Producer`][smartnsq.sync.Producer].
+
+    Args:
+        nsqd_tcp_addresses: nsqd TCP addresses (``host:port``) to publish to; publishes take
+            turns over the healthy ones. May be passed positionally.
+        lookupd_http_addresses: nsqlookupd HTTP addresses (``host:port`` or an ``http(s)://``
+            URL). With them, each topic's nsqd (on Youzan, its partitions and their leaders)
+            come from the lookupds; the topic must exist. At least one of
+            ``nsqd_tcp_addresses`` and ``lookupd_http_addresses`` is required.
+        lookupd_poll_interval: How long a topic's lookup answer is reused before the lookupds
+            are asked again (with some jitter), in seconds, default 60.0. Cluster errors
+            (a partition moved, its leader changed) refresh it at once.
+        sharding: How a ``sharding_key`` maps to a Youzan partition: ``"go"`` (default;
+            go-nsq's MurmurHash3 mapping), ``"java"`` (the Java SDK's ``hashCode`` mapping) or
+            a callable ``(key, partition_count) -> partition``.
+        connections_per_nsqd: Most connections opened to one nsqd, an int >= 1, default 1.
+            Requests are pipelined on each; more connections help only when one is
+            saturated.
+        timeout: Seconds a publish may take, retries included, unless the call gives its own
+            ``timeout``; default 10.0. When it runs out,
+            [`NSQTimeout`][smartnsq.errors.NSQTimeout] says the outcome is unknown.
+        max_retries: Retries after a failure that is safe to retry (a broken connection, a
+            retryable server error), an int >= 0, default 3; on another nsqd when there is
+            one.
+        retry_backoff: Wait before the first retry, in seconds, default 0.05; it doubles
+            with each retry (plus up to 50 % at random).
+        max_message_size: Largest message body accepted, in bytes, default 1 MiB (nsqd's
+            ``--max-msg-size`` default); larger bodies raise
+            [`MessageTooLarge`][smartnsq.errors.MessageTooLarge] before anything is sent.
+        max_body_size: Largest MPUB body, in bytes, default 5 MiB (nsqd's
+            ``--max-body-size`` default); ``publish_many`` splits its batch to fit. At least
+            ``max_message_size + 8``.
+        tls: ``True`` for TLS with the system's trusted certificates and host name
+            verification, an ``ssl.SSLContext`` for your own settings (client certificates, a
+            private CA), ``False`` (default) for plain TCP.
+        tls_hostname: Name the server certificate is checked against; default: the host of
+            the nsqd address.
+        snappy: Compress connections with Snappy. Default False.
+        deflate: Compress connections with DEFLATE (not together with ``snappy``). Default
+            False.
+        deflate_level: DEFLATE level, 1 to 9, default 6.
+        auth_secret: Secret sent with AUTH when nsqd requires authentication. Without TLS it
+            is readable on the network: a warning is given once per process (see
+            ``auth_over_plaintext``).
+        heartbeat_interval: How often nsqd sends a heartbeat, in seconds: 1 to 60, or -1 to
+            disable; default 30.0. A connection silent for two intervals (plus 10 %) is
+            closed and its nsqd avoided for a while.
+        connect_timeout: Seconds allowed for the TCP connection to an nsqd, default 5.0.
+        client_id: Client id reported to nsqd (shown in its stats); default: the short host
+            name.
+        identify: Extra fields for the IDENTIFY command (a dict of JSON values), sent as
+            they are. Default None.
+        max_delay: Longest ``delay`` [`publish`][smartnsq.Producer.publish] accepts, in
+            seconds, default 3600.0 (classic nsqd's default ``--max-req-timeout``); raise it
+            when your nsqd allows more.
+        auth_over_plaintext: ``False`` refuses to send ``auth_secret`` to an nsqd that asks
+            for it over an unencrypted connection: the connection fails with
+            [`InsecureAuth`][smartnsq.errors.InsecureAuth]. Default True.
+        compress_topics: Youzan ext topics whose bodies the producer compresses itself, as
+            go-nsq's ``TopicsForCompress`` does: a body of at least ``compress_min_size``
+            bytes is sent compressed with PUB_EXT (MPUB_EXT) and the ext headers
+            ``nsq.client.compress`` and ``nsq.msg.size``, which go-nsq and smartnsq
+            consumers decompress. The topics must be ext topics. Default: none.
+        compress_codec: ``"snappy"`` (default), ``"gzip"`` or ``"lz4"`` (needs
+            ``pip install 'smartnsq[lz4]'``; a body that lz4 cannot shrink is sent as it is).
+        compress_min_size: smallest body, in bytes, that is compressed (go-nsq's
+            ``MessageSizeForCompress``, default 20480).
+
+    Raises:
+        InvalidArgument: A value is out of range, or neither ``nsqd_tcp_addresses`` nor
+            ``lookupd_http_addresses`` was given.
+        InvalidType: A value has the wrong type.
+
+    Attributes:
+        trace: Run-time trace switch ([`TraceSwitch`][smartnsq.trace.TraceSwitch]): while
+            tracing is on for a topic, every publish to it is traced (a trace id is generated
+            when none is given) and written as a ``publish`` trace record.
     """
 
     def _setup(self) -> None:
@@ -110,7 +187,10 @@ class Producer(ProducerCore[_Node]):
         await self.close()
 
     async def close(self) -> None:
-        """Wait for outstanding answers (briefly), then close every connection."""
+        """Wait for outstanding answers (briefly), then close every connection.
+
+        ``async with`` calls it on exit; calling it again does nothing.
+        """
         if self._closed:
             return
         self._closed = True
@@ -136,32 +216,83 @@ class Producer(ProducerCore[_Node]):
         sharding_key: ShardingKey | None = None,
         trace_id: int | None = None,
         headers: Mapping[str, Any] | None = None,
+        tag: str | None = None,
         timeout: float | None = None,
     ) -> PublishResult | None:
         """Publish one message and return once nsqd has acknowledged it.
 
-        ``body`` is bytes or any other bytes-like object (bytearray, memoryview, ...); its
-        bytes are sent. ``delay`` (seconds) defers delivery (DPUB; classic nsqd only). On a
-        partitioned (Youzan) topic, ``sharding_key`` picks the partition (same key, same
-        partition, in order) and ``partition`` names one outright; otherwise partitions take
-        turns.
+        ``delay`` defers delivery (DPUB; classic nsqd only). On a partitioned (Youzan)
+        topic, ``sharding_key`` picks the partition (same key, same partition, in order) and
+        ``partition`` names one outright; otherwise partitions take turns.
         ``trace_id`` (or tracing switched on for the topic with ``producer.trace``) sends a
-        traced publish and returns a :class:`PublishResult`; ``headers`` sends the JSON ext
-        header of an ext topic. Plain publishes return ``None``.
-        ``delay`` may not exceed ``max_delay`` (see :class:`Producer`).
+        traced publish and returns a [`PublishResult`][smartnsq.PublishResult]; ``headers``
+        sends the JSON ext header of an ext topic. Plain publishes return ``None``.
+        On a connection failure, or a server error that is safe to retry, it is retried (up
+        to ``max_retries``, within ``timeout``), on another nsqd when there is one.
+
+        Args:
+            topic: The topic (NSQ's naming rules).
+            body: The message: bytes or any other bytes-like object (bytearray,
+                memoryview, ...); its bytes are sent. Not empty, at most
+                ``max_message_size`` bytes.
+            delay: Seconds before nsqd delivers it (DPUB; classic nsqd only), at most the
+                Producer's ``max_delay``. Not combined with ``trace_id`` or ``headers``.
+            partition: Youzan: the partition to publish to.
+            sharding_key: Youzan: a key (bytes, str or int) that picks the partition with the
+                Producer's ``sharding`` mapping: the same key always goes to the same
+                partition, so its messages keep their order.
+            trace_id: Youzan: publish traced (``PUB_TRACE``) with this trace id (an int in
+                ``[0, 2**64)``) and return a [`PublishResult`][smartnsq.PublishResult].
+            headers: Youzan ext topics: the JSON ext header (a mapping of JSON values),
+                sent with ``PUB_EXT``.
+            timeout: Seconds this call may take, retries included; default: the Producer's
+                ``timeout``.
+            tag: dispatch tag of the message (Youzan ext topics): only consumers whose
+                ``desired_tag`` is the same receive it (untagged consumers while none is
+                connected). 1-100 ASCII letters, digits, ``_`` or ``-``; sent as the ext
+                header ``##client_dispatch_tag``. A topic that is not an ext topic refuses
+                it with [`ExtNotSupported`][smartnsq.errors.ExtNotSupported].
+
+        Returns:
+            A [`PublishResult`][smartnsq.PublishResult] (partition, internal id, offset) for
+                a traced publish, else None.
+
+        Raises:
+            NSQTimeout: No answer within ``timeout``: the message may or may not have been
+                published.
+            MessageTooLarge: ``body`` is larger than ``max_message_size``; nothing was sent.
+            InvalidArgument: A bad argument (an empty body, a delay out of range, a
+                partition that does not exist); nothing was sent.
+            InvalidType: An argument of the wrong type; nothing was sent.
+            NotSupported: ``delay`` on a Youzan nsqd, or ``partition`` on a classic one;
+                nothing was sent.
+            NoNsqdAvailable: No nsqd could take the message (all down, or none listed).
+            ServerError: nsqd refused the message and a retry cannot help (or the retries
+                ran out).
+            ConnectionClosed: The connection failed and the retries ran out.
         """
         if self._thread != get_ident() or self._forks != FORKS[0]:
             wrong_owner("Producer", self._thread, self._forks)
         plan = self._plan_publish(
-            topic, body, delay, partition, sharding_key, trace_id, headers, timeout
+            topic, body, delay, partition, sharding_key, trace_id, headers, timeout, tag
         )
-        if type(plan) is bytes:
-            await self._send(plan, timeout)
-            return None
-        assert isinstance(plan, Request)
-        answer, address, part = await self._send_routed(
-            topic, plan.build, partition, sharding_key, timeout, deferred=plan.deferred
-        )
+        try:
+            if type(plan) is bytes:
+                await self._send(plan, timeout)
+                return None
+            assert isinstance(plan, Request)
+            answer, address, part = await self._send_routed(
+                topic,
+                plan.build,
+                partition,
+                sharding_key,
+                timeout,
+                deferred=plan.deferred,
+                ext=plan.ext,
+            )
+        except NSQError:
+            self._failed += 1
+            raise
         return self._result(topic, plan, answer, address, part)
 
     async def publish_many(
@@ -172,20 +303,62 @@ class Producer(ProducerCore[_Node]):
         partition: int | None = None,
         sharding_key: ShardingKey | None = None,
         trace_ids: Sequence[int] | None = None,
+        tags: Sequence[str | None] | None = None,
         timeout: float | None = None,
     ) -> list[PublishResult] | None:
         """Publish several messages with MPUB, split into as few batches as nsqd accepts.
 
         Batches go out in order, all to one partition. If one fails after earlier ones
-        succeeded, :class:`~smartnsq.errors.PartialPublish` says how many messages were
+        succeeded, [`PartialPublish`][smartnsq.errors.PartialPublish] says how many messages were
         acknowledged. With ``trace_ids`` (one per message; generated when tracing is on for the
-        topic) it sends MPUB_TRACE and returns one :class:`PublishResult` per batch.
+        topic) it sends MPUB_TRACE and returns one [`PublishResult`][smartnsq.PublishResult]
+        per batch.
+
+        Args:
+            topic: The topic (NSQ's naming rules).
+            bodies: The messages, an iterable of bytes-like objects (at least one; each
+                non-empty and at most ``max_message_size`` bytes). Split into as few MPUBs
+                as fit ``max_body_size``.
+            partition: Youzan: the partition to publish to.
+            sharding_key: Youzan: a key that picks the partition (see
+                [`publish`][smartnsq.Producer.publish]); every message goes to it.
+            trace_ids: Youzan: one trace id per message; the batches go out as
+                ``MPUB_TRACE``.
+            timeout: Seconds each batch may take, retries included; default: the
+                Producer's ``timeout``.
+            tags: one dispatch tag (or ``None``) per message, as ``trace_ids`` gives one
+                trace id per message; sent with MPUB_EXT (see ``tag`` of ``publish``).
+                Cannot be combined with ``trace_ids``.
+
+        Returns:
+            For a traced publish (``trace_ids`` given, or tracing on for the topic), one
+                [`PublishResult`][smartnsq.PublishResult] per batch (ids and offset of its
+                first message); else None.
+
+        Raises:
+            PartialPublish: A later batch failed after earlier ones were acknowledged:
+                ``published`` says how many messages were.
+            NSQTimeout: No answer within ``timeout``: the failed batch may or may not have
+                been published.
+            MessageTooLarge: A body is larger than ``max_message_size``; nothing was sent.
+            InvalidArgument: A bad argument (no message, an empty body, a wrong number of
+                trace ids); nothing was sent.
+            InvalidType: An argument of the wrong type (a single body instead of a list);
+                nothing was sent.
+            NoNsqdAvailable: No nsqd could take the batch.
+            ServerError: nsqd refused the first batch and a retry cannot help.
+            ConnectionClosed: The connection failed and the retries ran out.
         """
         if self._thread != get_ident() or self._forks != FORKS[0]:
             wrong_owner("Producer", self._thread, self._forks)
-        plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout)
+        plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout, tags)
         if type(plan) is bytes:
-            await self._send(plan, timeout)
+            count = len(bodies) if type(bodies) is list else mpub_count(topic, plan)
+            try:
+                await self._send(plan, timeout, count)
+            except NSQError:
+                self._failed += count
+                raise
             return None
         assert not isinstance(plan, bytes)
         results: list[PublishResult] = []
@@ -194,22 +367,30 @@ class Producer(ProducerCore[_Node]):
             try:
                 if plan.routed:
                     answer, address, part = await self._send_routed(
-                        topic, request.build, partition, sharding_key, timeout
+                        topic,
+                        request.build,
+                        partition,
+                        sharding_key,
+                        timeout,
+                        count=request.count,
+                        ext=request.ext,
                     )
                     result = self._result(topic, request, answer, address, part)
                     if result is not None:
                         results.append(result)
                 else:
-                    await self._send(request.build(None), timeout)
+                    await self._send(request.build(None), timeout, request.count)
             except NSQError as exc:
+                self._failed += plan.total - done
                 raise batch_failed(exc, done, plan.total)  # noqa: B904 - it sets the cause
             done += request.count
         return results if plan.traced else None
 
     # -- internals -------------------------------------------------------------------------------
 
-    async def _send(self, data: bytes, timeout: float | None) -> bytes:
-        """Plain publish to the configured nsqd (no routing): the fast path."""
+    async def _send(self, data: bytes, timeout: float | None, count: int = 1) -> bytes:
+        """Plain publish of ``count`` messages to the configured nsqd (no routing): the fast
+        path."""
         if self._tg is None or self._closed:
             raise NSQError("use the Producer inside 'async with Producer(...)' (or it is closed)")
         limit = self.timeout if timeout is None else timeout
@@ -222,12 +403,18 @@ class Producer(ProducerCore[_Node]):
                 self._suspect(node, conn)
                 raise timeout_error(limit) from None
             except (ConnectionClosed, ServerError) as exc:
+                node.errors += 1
                 self._check_retryable(exc, conn)
+                self._retried += 1  # by the slow path below
             else:
+                node.requests += 1
+                node.published += count
                 if node.failures:
                     node.mark_up()
                 return answer
-        answer, _, _ = await self._send_routed(None, lambda p: data, None, None, timeout)
+        answer, _, _ = await self._send_routed(
+            None, lambda p: data, None, None, timeout, count=count
+        )
         return answer
 
     def _ready_connection(self) -> Connection | None:
@@ -252,8 +439,10 @@ class Producer(ProducerCore[_Node]):
         timeout: float | None,
         *,
         deferred: bool = False,
+        count: int = 1,
+        ext: bool = False,
     ) -> tuple[bytes, str, int | None]:
-        """Route, send, retry. Returns (answer, nsqd address, partition)."""
+        """Route, send, retry ``count`` messages. Returns (answer, nsqd address, partition)."""
         if self._tg is None or self._closed:
             raise NSQError("use the Producer inside 'async with Producer(...)' (or it is closed)")
         limit = self.timeout if timeout is None else timeout
@@ -274,8 +463,11 @@ class Producer(ProducerCore[_Node]):
                     and conn.usable
                     and (conn.pending == 0 or len(conns) >= self._per_node)
                     and (part is None or layout.partitioned)  # else refused below
+                    and (not ext or conn.features.youzan)
                 ):
                     answer = await conn.request(build(part), publish=True, timeout=limit)
+                    node.requests += 1
+                    node.published += count
                     if node.failures:
                         node.mark_up()
                     return answer, address, part
@@ -284,7 +476,12 @@ class Producer(ProducerCore[_Node]):
                     self._suspect(node, conn)
                 raise timeout_error(limit) from None
             except (ConnectionClosed, ServerError, NoNsqdAvailable) as exc:
+                sent = node is not None and conn is not None
+                if node is not None and sent:
+                    node.errors += 1
                 self._check_retryable(exc, conn)
+                if sent:  # the slow path below sends it again
+                    self._retried += 1
                 route = None  # it failed: route afresh
         deadline = anyio.current_time() + limit
         try:
@@ -292,7 +489,7 @@ class Producer(ProducerCore[_Node]):
             # connection); this outer bound covers connecting and lookups.
             with anyio.fail_after(limit + 0.2):
                 return await self._send_with_retries(
-                    topic, build, partition, key, deferred, route, deadline
+                    topic, build, partition, key, deferred, ext, route, deadline, count
                 )
         except (TimeoutError, NSQTimeout):
             raise timeout_error(limit) from None
@@ -304,12 +501,16 @@ class Producer(ProducerCore[_Node]):
         partition: int | None,
         key: ShardingKey | None,
         deferred: bool,
+        ext: bool,
         route: tuple[str, int | None] | None,
         deadline: float,
+        count: int,
     ) -> tuple[bytes, str, int | None]:
         attempt = 0
         refresh = False
         while True:
+            if attempt:
+                self._retried += 1
             conn: Connection | None = None
             try:
                 if self._lookup is not None and topic is not None:
@@ -322,7 +523,7 @@ class Producer(ProducerCore[_Node]):
                 else:
                     node, conn = await self._acquire()
                     part = partition
-                check_server(conn.features, conn.address, part, deferred)
+                check_server(conn.features, conn.address, part, deferred, ext)
                 try:
                     answer = await conn.request(
                         build(part), publish=True, timeout=deadline - anyio.current_time()
@@ -330,6 +531,11 @@ class Producer(ProducerCore[_Node]):
                 except NSQTimeout:
                     self._suspect(node, conn)
                     raise
+                except (ConnectionClosed, ServerError):
+                    node.errors += 1
+                    raise
+                node.requests += 1
+                node.published += count
                 if node.failures:
                     node.mark_up()
                 return answer, conn.address, part
@@ -377,6 +583,7 @@ class Producer(ProducerCore[_Node]):
                     raise
                 raise failure from exc
             # Not marked up yet: only an answered request shows the node works.
+            self._connected(node)
             conn.on_close = lambda c: self._forget(node, c)
             node.connections.append(conn)
             assert self._tg is not None
@@ -387,16 +594,13 @@ class Producer(ProducerCore[_Node]):
         if conn in node.connections:
             node.connections.remove(conn)
         if not self._closed and not conn.retiring:  # lost, not closed by us
-            node.mark_down(self._now())
-            log.warning("connection to nsqd %s lost: %s", node.address, conn.close_reason)
+            node.mark_down(self._now(), f"connection lost: {conn.close_reason}")
 
     def _suspect(self, node: _Node, conn: Connection) -> None:
         """A request timed out: send nothing more through ``conn``, and avoid its nsqd."""
-        node.mark_down(self._now())
+        node.errors += 1
+        node.mark_down(self._now(), "did not answer a publish in time")
         if not conn.retiring and self._tg is not None:
-            log.warning(
-                "nsqd %s did not answer a publish in time; avoiding it for now", node.address
-            )
             self._tg.start_soon(conn.close, self.timeout)
 
 

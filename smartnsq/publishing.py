@@ -44,11 +44,20 @@ from smartnsq.errors import (
 )
 from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.lookup.model import TopicLayout
+from smartnsq.observe.stats import ProducerNodeStats, ProducerStats
 from smartnsq.ordered.sharding import Sharder, ShardingKey, key_bytes, sharder_for
 from smartnsq.protocol import commands
+from smartnsq.protocol.compress import (
+    COMPRESS_KEY,
+    DEFAULT_MIN_SIZE,
+    SIZE_KEY,
+    check_codec,
+    compress_body,
+)
 from smartnsq.protocol.handshake import ConnectionConfig, Features, parse_address
 from smartnsq.protocol.message import PublishResult, decode_publish_response
 from smartnsq.protocol.names import validate_topic
+from smartnsq.protocol.tags import TAG_KEY, check_tag
 from smartnsq.trace import TraceSwitch, emit
 
 log = logging.getLogger("smartnsq.producer")
@@ -93,6 +102,52 @@ def check_trace_id(trace_id: object) -> None:
         raise InvalidArgument(f"trace_id must be an int in [0, 2**64), not {trace_id!r}")
 
 
+def mpub_count(topic: str, data: bytes) -> int:
+    """How many messages an MPUB for ``topic`` carries (its header says)."""
+    start = 10 + len(topic)  # "MPUB " + topic + "\n" + body size
+    return int.from_bytes(data[start : start + 4])
+
+
+def _spans(sizes: list[int], max_body_size: int) -> list[tuple[int, int]]:
+    """Split messages of these encoded ``sizes`` into batches whose MPUB body (a 4-byte
+    count, then the messages) fits ``max_body_size``; (start, end) of each."""
+    spans = []
+    start, size = 0, 4
+    for i, n in enumerate(sizes):
+        if i > start and size + n > max_body_size:
+            spans.append((start, i))
+            start, size = i, 4
+        size += n
+    spans.append((start, len(sizes)))
+    return spans
+
+
+def _ext_headers(
+    headers: Mapping[str, Any] | None,
+    tag: str | None,
+    packed: tuple[bytes, dict[str, str]] | None,
+) -> dict[str, Any]:
+    """The ext header of one message: the caller's, its tag, its compression."""
+    if headers is None:
+        ext: dict[str, Any] = {}
+    elif not isinstance(headers, Mapping):
+        raise InvalidType("headers must be a mapping of JSON-serialisable values")
+    else:
+        ext = dict(headers)
+        if COMPRESS_KEY in ext or SIZE_KEY in ext:
+            # A consumed message's body is already decompressed: forwarding these with it
+            # would make every consumer fail to decompress it.
+            raise InvalidArgument(
+                f"headers must not contain {COMPRESS_KEY!r} or {SIZE_KEY!r}: the producer "
+                "sets them when it compresses (compress_topics=...); drop them"
+            )
+    if tag is not None:
+        ext[TAG_KEY] = tag
+    if packed is not None:
+        ext.update(packed[1])
+    return ext
+
+
 def timeout_error(limit: float) -> NSQTimeout:
     return NSQTimeout(
         f"publish not acknowledged within {limit}s; it may or may not have been published"
@@ -115,8 +170,15 @@ def emit_publish(
     )
 
 
-def check_server(features: Features, address: str, part: int | None, deferred: bool) -> None:
+def check_server(
+    features: Features, address: str, part: int | None, deferred: bool, ext: bool = False
+) -> None:
     """Refuse, before sending, what this kind of nsqd cannot do."""
+    if ext and not features.youzan:
+        raise NotSupported(
+            f"nsqd {address} is a classic nsqd, which has no ext headers; publish without "
+            "headers, tag(s) and compression (compress_topics)"
+        )
     if deferred and features.youzan:
         raise NotSupported(
             f"nsqd {address} is a Youzan HA server, which has no deferred "
@@ -129,25 +191,41 @@ def check_server(features: Features, address: str, part: int | None, deferred: b
 
 
 class NodeHealth:
-    """One nsqd's health.
+    """One nsqd's health and counters.
 
     A node that failed (could not be reached, answered garbage, let a request time out) is
     avoided for a growing while; then one request at a time may try it until one succeeds.
+    Each outage is logged once: WARNING when it starts, DEBUG while it lasts, INFO when the
+    node answers again.
     """
 
-    __slots__ = ("address", "down_until", "failures")
+    __slots__ = ("address", "down_until", "errors", "failures", "published", "requests")
 
     def __init__(self, address: str) -> None:
         self.address = address
         self.failures = 0
         self.down_until = 0.0
+        # Counted inline by the front doors (no call per request); read by stats().
+        self.published = 0
+        self.requests = 0
+        self.errors = 0
 
-    def mark_down(self, now: float) -> None:
+    def mark_down(self, now: float, reason: str) -> None:
         self.failures += 1
         delay = min(_MAX_DOWN, 0.1 * 2 ** min(self.failures, 10))
         self.down_until = now + delay * random.uniform(0.5, 1.0)
+        if self.failures == 1:
+            log.warning(
+                "nsqd %s: %s; avoiding it for now (logged once until it recovers)",
+                self.address,
+                reason,
+            )
+        else:
+            log.debug("nsqd %s: %s (failure %d in a row)", self.address, reason, self.failures)
 
     def mark_up(self) -> None:
+        if self.failures:
+            log.info("nsqd %s answers again after %d failures", self.address, self.failures)
         self.failures = 0
         self.down_until = 0.0
 
@@ -159,6 +237,10 @@ class NodeHealth:
             return False
         self.down_until = now + _PROBE_HOLD
         return True
+
+    def load(self) -> tuple[int, int]:
+        """(open connections, requests awaiting an answer); the front doors' nodes know."""
+        return 0, 0
 
 
 N = TypeVar("N", bound=NodeHealth)
@@ -172,6 +254,7 @@ class Request:
     deferred: bool = False
     traced: bool = False  # the answer carries a PublishResult
     count: int = 1  # messages in it
+    ext: bool = False  # PUB_EXT / MPUB_EXT: Youzan only
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +299,9 @@ class ProducerCore(Generic[N]):
         identify: dict[str, Any] | None = None,
         max_delay: float = DEFAULT_MAX_DELAY,
         auth_over_plaintext: bool = True,
+        compress_topics: Iterable[str] = (),
+        compress_codec: Literal["snappy", "gzip", "lz4"] = "snappy",
+        compress_min_size: int = DEFAULT_MIN_SIZE,
     ) -> None:
         nsqd_tcp_addresses = check_addresses("nsqd_tcp_addresses", nsqd_tcp_addresses)
         lookupds = check_lookupd_addresses(
@@ -239,6 +325,14 @@ class ProducerCore(Generic[N]):
             check_identify("identify", identify)
         if max_message_size < 1 or max_body_size < max_message_size + 8:
             raise InvalidArgument("need 1 <= max_message_size and max_body_size >= it + 8")
+        if isinstance(compress_topics, str | bytes) or not isinstance(compress_topics, Iterable):
+            raise InvalidType("compress_topics must be a list of topic names")
+        compress = frozenset(validate_topic(t) for t in compress_topics)
+        self.compress_codec = check_codec(compress_codec, used=bool(compress))
+        check_number("compress_min_size", compress_min_size, integer=True, min=0)
+        self.compress_min_size = compress_min_size
+        # Empty when off: the plain publish path then pays one truth test.
+        self._compress_topics = compress
         self._config = ConnectionConfig(
             client_id=client_id,
             tls=tls,
@@ -269,10 +363,40 @@ class ProducerCore(Generic[N]):
         self.max_delay = max_delay
         self._topics: set[str] = set()
         self._pub_lines: dict[str, bytes] = {}
+        self._failed = 0  # messages of calls that raised
+        self._retried = 0  # requests sent again
         self._setup()
 
     def _setup(self) -> None:
         """The front door's own state (connections, lookups), after the settings."""
+
+    def stats(self) -> ProducerStats:
+        """Counters since the producer was created, in total and per nsqd.
+
+        Returns:
+            A :class:`~smartnsq.ProducerStats` snapshot.
+        """
+        nodes = {}
+        for node in list(self._by_address.values()):
+            connections, pending = node.load()
+            nodes[node.address] = ProducerNodeStats(
+                address=node.address,
+                published=node.published,
+                requests=node.requests,
+                errors=node.errors,
+                connections=connections,
+                pending=pending,
+                down=node.failures > 0,
+            )
+        every = nodes.values()
+        return ProducerStats(
+            published=sum(n.published for n in every),
+            requests=sum(n.requests for n in every),
+            failed=self._failed,
+            retried=self._retried,
+            connections=sum(n.connections for n in every),
+            nodes=nodes,
+        )
 
     def _new_node(self, address: str) -> N:
         raise NotImplementedError
@@ -303,15 +427,20 @@ class ProducerCore(Generic[N]):
         trace_id: int | None,
         headers: Mapping[str, Any] | None,
         timeout: float | None,
+        tag: str | None = None,
     ) -> Request | bytes:
         """Check one publish; bytes to send as they are (no routing needed), or a request."""
         self._check_topic(topic)
         if timeout is not None:
             check_timeout("timeout", timeout)
         body = check_body(body)
-        if len(body) > self.max_message_size:
+        packed = None
+        if self._compress_topics and delay is None:
+            packed = self._compress(topic, body)
+        size = len(body) if packed is None else len(packed[0])
+        if size > self.max_message_size:
             raise MessageTooLarge(
-                f"message of {len(body)} bytes exceeds max_message_size "
+                f"message of {size} bytes exceeds max_message_size "
                 f"({self.max_message_size}); nsqd would reject it"
             )
         if (
@@ -320,32 +449,42 @@ class ProducerCore(Generic[N]):
             and sharding_key is None
             and trace_id is None
             and headers is None
+            and tag is None
+            and packed is None
             and not self._lookupds
             and not (self.trace.active and self.trace.enabled(topic))
         ):
             return self._plain_pub(topic, body)
         self._check_routing(partition, sharding_key)
+        if tag is not None:
+            check_tag("tag", tag)
         if delay is not None:
             check_delay(delay, self.max_delay)
-            if trace_id is not None or headers is not None:
-                raise InvalidArgument("delay cannot be combined with trace_id or headers")
+            if trace_id is not None or headers is not None or tag is not None:
+                raise InvalidArgument("delay cannot be combined with trace_id, headers or tag")
             delay_ms = round(delay * 1000)
             return Request(lambda p: commands.dpub(topic, delay_ms, body), deferred=True)
         if trace_id is None and self.trace.enabled(topic):
             trace_id = new_trace_id()
         if trace_id is not None:
             check_trace_id(trace_id)
-        if headers is not None:
-            if not isinstance(headers, Mapping):
-                raise InvalidType("headers must be a mapping of JSON-serialisable values")
-            ext = dict(headers)
+        if headers is not None or tag is not None or packed is not None:
+            ext = _ext_headers(headers, tag, packed)
+            if packed is not None:
+                body = packed[0]
             if trace_id is not None:
                 ext["##trace_id"] = str(trace_id)
-            return Request(lambda p: commands.pub_ext(topic, body, ext, p), traced=True)
+            return Request(lambda p: commands.pub_ext(topic, body, ext, p), traced=True, ext=True)
         if trace_id is not None:
             tid = trace_id
             return Request(lambda p: commands.pub_trace(topic, body, tid, p), traced=True)
         return Request(lambda p: commands.pub(topic, body, p), traced=True)
+
+    def _compress(self, topic: str, body: bytes) -> tuple[bytes, dict[str, str]] | None:
+        """The compressed body and its headers, when the topic and the size call for it."""
+        if len(body) < self.compress_min_size or topic not in self._compress_topics:
+            return None
+        return compress_body(self.compress_codec, body)
 
     def _plan_many(
         self,
@@ -355,6 +494,7 @@ class ProducerCore(Generic[N]):
         sharding_key: ShardingKey | None,
         trace_ids: Sequence[int] | None,
         timeout: float | None,
+        tags: Sequence[str | None] | None = None,
     ) -> Batches | bytes:
         """Check a publish_many; one MPUB to send as it is, or the batches."""
         self._check_topic(topic)
@@ -371,9 +511,11 @@ class ProducerCore(Generic[N]):
             raise InvalidArgument("publish_many needs at least one message")
         if (
             trace_ids is None
+            and tags is None
             and partition is None
             and sharding_key is None
             and not self._lookupds
+            and not (self._compress_topics and topic in self._compress_topics)
             and not self.trace.enabled(topic)
         ):
             data = self._mpub_fast(topic, checked)
@@ -385,6 +527,10 @@ class ProducerCore(Generic[N]):
         same, shortest, longest, total = sizes(lens)
         if shortest == 0:
             raise InvalidArgument("message bodies must not be empty (nsqd rejects them)")
+        if tags is not None or topic in self._compress_topics:
+            ext = self._plan_many_ext(topic, checked, tags, trace_ids, partition, sharding_key)
+            if ext is not None:
+                return ext
         limit = self.max_message_size
         if longest > limit:
             raise MessageTooLarge(
@@ -404,17 +550,10 @@ class ProducerCore(Generic[N]):
             for t in trace_ids:
                 check_trace_id(t)
         overhead = 12 if trace_ids is not None else 4
-        spans: list[tuple[int, int]] = []
         if 4 + overhead * len(lens) + total <= self.max_body_size:
-            spans.append((0, len(lens)))
+            spans = [(0, len(lens))]
         else:
-            start, size = 0, 4
-            for i, n in enumerate(lens):
-                if i > start and size + overhead + n > self.max_body_size:
-                    spans.append((start, i))
-                    start, size = i, 4
-                size += overhead + n
-            spans.append((start, len(lens)))
+            spans = _spans([overhead + n for n in lens], self.max_body_size)
         routed = trace_ids is not None or partition is not None or sharding_key is not None
         if routed:
             self._check_routing(partition, sharding_key)
@@ -430,6 +569,63 @@ class ProducerCore(Generic[N]):
                 build = partial(commands.mpub_trace, topic, batch, trace_ids[start:end])
                 requests.append(Request(build, traced=True, count=len(batch)))
         return Batches(requests, len(checked), routed, trace_ids is not None)
+
+    def _plan_many_ext(
+        self,
+        topic: str,
+        bodies: list[bytes],
+        tags: Sequence[str | None] | None,
+        trace_ids: Sequence[int] | None,
+        partition: int | None,
+        sharding_key: ShardingKey | None,
+    ) -> Batches | None:
+        """MPUB_EXT batches for tagged or compressed messages; None when neither applies."""
+        if tags is not None:
+            if isinstance(tags, str) or not isinstance(tags, Iterable):
+                raise InvalidType("tags must be a list with one tag (or None) per message")
+            tags = list(tags)
+            if len(tags) != len(bodies):
+                raise InvalidArgument(
+                    f"got {len(bodies)} messages but {len(tags)} tags; give one per message "
+                    "(None for an untagged one)"
+                )
+            for t in tags:
+                if t is not None:
+                    check_tag("tags", t)
+        packs: list[tuple[bytes, dict[str, str]] | None] = [None] * len(bodies)
+        if topic in self._compress_topics:
+            packs = [self._compress(topic, b) for b in bodies]
+        if tags is None and not any(packs):
+            return None  # nothing to say in an ext header: plain MPUB
+        if trace_ids is not None:
+            raise InvalidArgument(
+                "trace_ids cannot be combined with tags or compression (MPUB_EXT has no "
+                "traced answer); publish those messages one by one with trace_id="
+            )
+        self._check_routing(partition, sharding_key)
+        sent: list[bytes] = []
+        headers: list[dict[str, Any] | None] = []
+        lens: list[int] = []
+        for i, body in enumerate(bodies):
+            tag = None if tags is None else tags[i]
+            packed = packs[i]
+            if packed is not None:
+                body = packed[0]
+            header = None if tag is None and packed is None else _ext_headers(None, tag, packed)
+            if len(body) > self.max_message_size:
+                raise MessageTooLarge(
+                    f"message of {len(body)} bytes exceeds max_message_size "
+                    f"({self.max_message_size}); nothing was sent"
+                )
+            sent.append(body)
+            headers.append(header)
+            # [size][header length][header][body]; the header is small JSON, sized as sent
+            lens.append(6 + len(commands.json_header(header) if header else b"") + len(body))
+        requests = []
+        for start, end in _spans(lens, self.max_body_size):
+            build = partial(commands.mpub_ext, topic, sent[start:end], headers[start:end])
+            requests.append(Request(build, count=end - start, ext=True))
+        return Batches(requests, len(bodies), True, False)
 
     def _mpub_fast(self, topic: str, bodies: list[Any]) -> bytes | None:
         """The MPUB for the usual call: one batch of non-empty bytes-like bodies that fit.
@@ -564,10 +760,16 @@ class ProducerCore(Generic[N]):
         Unreachable, not speaking NSQ, or a bad address (port 0 from a lookupd) are all
         connection failures, which the caller retries elsewhere; a server error stays one.
         """
-        node.mark_down(self._now())
+        node.errors += 1
+        node.mark_down(self._now(), f"cannot connect: {exc}")
         if isinstance(exc, ConnectionClosed | ServerError):
             return exc
         return ConnectFailed(f"nsqd {node.address}: {exc}")
+
+    def _connected(self, node: N) -> None:
+        """A new connection to ``node`` is open (not proof yet that it works)."""
+        level = logging.DEBUG if node.failures else logging.INFO  # recovery logs at INFO
+        log.log(level, "connected to nsqd %s", node.address)
 
     @staticmethod
     def _retry_action(exc: Exception) -> bool:
@@ -587,7 +789,8 @@ class ProducerCore(Generic[N]):
         ``exc`` once ``max_retries`` are used up."""
         if attempt > self.max_retries:
             raise exc
-        log.info("publish failed (%s); retry %d of %d", exc, attempt, self.max_retries)
+        # DEBUG: every request in flight retries at once; the node's outage is logged once.
+        log.debug("publish failed (%s); retry %d of %d", exc, attempt, self.max_retries)
         return float(self.retry_backoff * 2.0 ** (attempt - 1) * random.uniform(1, 1.5))
 
 

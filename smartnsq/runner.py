@@ -49,9 +49,26 @@ def run(
     """Run ``clients`` in a new event loop until a signal arrives, then stop them gracefully.
 
     Blocks; returns normally (so the process exits with status 0 and Ctrl-C prints no
-    traceback) once everything is stopped. See :func:`serve` for what happens in between.
-    ``backend`` is ``"asyncio"`` or ``"trio"``; ``backend_options`` go to :func:`anyio.run`
-    (for example ``{"use_uvloop": True}``).
+    traceback) once everything is stopped. See [`serve`][smartnsq.serve] for what happens in
+    between.
+
+    Args:
+        *clients: [`Consumer`][smartnsq.Consumer] and [`Producer`][smartnsq.Producer]
+            instances, each passed once, not started yet.
+        main: An async function taking no arguments that runs alongside (say, a publishing
+            loop); its return ends the run, and its exception is re-raised after the stop.
+        stop_timeout: Seconds running handlers get to finish once the stop begins (>= 0),
+            default 10.0.
+        signals: The signals that stop the run, default SIGINT and SIGTERM; ``()`` for none
+            (required outside the main thread).
+        backend: ``"asyncio"`` (default) or ``"trio"``.
+        backend_options: Passed to ``anyio.run``, for example ``{"use_uvloop": True}``.
+
+    Raises:
+        InvalidArgument: A client passed twice, a negative ``stop_timeout``, an unknown
+            backend, or signals outside the main thread.
+        InvalidType: Something that is not a Consumer or Producer, or ``main()`` passed
+            instead of ``main``.
     """
     plan = _plan(clients, main, stop_timeout, signals)
     if not isinstance(backend, str) or backend not in _BACKENDS:
@@ -67,14 +84,15 @@ async def serve(
     stop_timeout: float = 10.0,
     signals: Iterable[int] = DEFAULT_SIGNALS,
 ) -> None:
-    """Run ``clients`` (:class:`Consumer` and :class:`Producer` instances) until told to stop.
+    """Run ``clients`` (Consumer and Producer instances) until told to stop.
 
     Producers are started first, then consumers; ``main`` (an async function taking no
     arguments, say a publishing loop) runs alongside. The run ends on the first of: one of
     ``signals`` arriving, ``main`` returning or raising, every consumer having stopped (a
-    handler may call :meth:`Consumer.stop`), or :func:`serve` being cancelled. Then:
+    handler may call [`Consumer.stop`][smartnsq.Consumer.stop]), or ``serve`` being
+    cancelled. Then:
 
-    1. every consumer stops gracefully and concurrently (:meth:`Consumer.stop`): RDY 0 and
+    1. every consumer stops gracefully and concurrently: RDY 0 and
        CLS, messages not yet handed to the handler are requeued at once, running handlers get
        up to ``stop_timeout`` seconds to finish (after that they are cancelled and their
        messages requeued);
@@ -88,6 +106,20 @@ async def serve(
 
     A message that a handler kept with ``disable_auto_response()`` and left unanswered after
     returning is not requeued by the stop: it stays in flight until nsqd's message timeout.
+
+    Args:
+        *clients: [`Consumer`][smartnsq.Consumer] and [`Producer`][smartnsq.Producer]
+            instances, each passed once, not started yet.
+        main: An async function taking no arguments that runs alongside.
+        stop_timeout: Seconds running handlers get to finish once the stop begins (>= 0),
+            default 10.0.
+        signals: The signals that stop the run, default SIGINT and SIGTERM; ``()`` for none.
+
+    Raises:
+        InvalidArgument: A client passed twice, a negative ``stop_timeout``, or signals
+            outside the main thread.
+        InvalidType: Something that is not a Consumer or Producer, or ``main()`` passed
+            instead of ``main``.
     """
     await _plan(clients, main, stop_timeout, signals).serve()
 

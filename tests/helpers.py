@@ -99,13 +99,14 @@ async def drain(
     sub: bytes | None = None,
     distinct: bool = False,
     until: Callable[[list[RawMessage]], bool] | None = None,
+    config: ConnectionConfig | None = None,
 ) -> list[RawMessage]:
     """Read ``count`` messages with a bare connection (SUB + RDY + FIN), independent of Consumer.
 
     With ``distinct``, count distinct message ids (redeliveries are returned but not counted).
     With ``until``, stop when it returns true for the messages so far (``count`` sets RDY).
     """
-    conn = await Connection.open(nsqd_tcp, ConnectionConfig())
+    conn = await Connection.open(nsqd_tcp, config or ConnectionConfig())
     got: list[RawMessage] = []
     ids: set[bytes] = set()
     done = anyio.Event()

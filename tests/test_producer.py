@@ -23,7 +23,7 @@ def capture(**config: Any) -> tuple[Producer, list[bytes]]:
     producer = Producer(nsqd_tcp_addresses=["127.0.0.1:4150"], **config)
     sent: list[bytes] = []
 
-    async def send(data: bytes, timeout: float | None) -> bytes:
+    async def send(data: bytes, timeout: float | None, count: int = 1) -> bytes:
         sent.append(data)
         return b"OK"
 

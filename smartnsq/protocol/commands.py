@@ -47,7 +47,7 @@ def _check_id(message_id: bytes) -> bytes:
     return message_id
 
 
-def _json_header(headers: Mapping[str, Any]) -> bytes:
+def json_header(headers: Mapping[str, Any]) -> bytes:
     try:
         raw = json.dumps(dict(headers), separators=(",", ":")).encode()
     except (TypeError, ValueError) as exc:
@@ -173,7 +173,7 @@ def mpub_trace(
 def pub_ext(
     topic: str, body: bytes, headers: Mapping[str, Any], partition: int | None = None
 ) -> bytes:
-    header = _json_header(headers)
+    header = json_header(headers)
     return _with_body(
         _line(b"PUB_EXT", topic, partition), b"".join((_U16.pack(len(header)), header, body))
     )
@@ -191,7 +191,7 @@ def mpub_ext(
         )
     parts = [_pack_u32(len(bodies))]
     for b, h in zip(bodies, headers, strict=True):
-        header = _json_header(h) if h else b""
+        header = json_header(h) if h else b""
         parts.append(_pack_u32(2 + len(header) + len(b)))
         parts.append(_U16.pack(len(header)))
         parts.append(header)

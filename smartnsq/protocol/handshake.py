@@ -53,7 +53,39 @@ def parse_address(address: str, default_port: int = 4150) -> tuple[str, int]:
 
 @dataclass(frozen=True, slots=True)
 class ConnectionConfig:
-    """How to connect and what to negotiate. Times are in seconds."""
+    """How to connect and what to negotiate. Times are in seconds.
+
+    Producers and consumers build one from their own arguments (see
+    [`Consumer`][smartnsq.Consumer]); build one yourself for
+    [`Connection.open`][smartnsq.Connection.open].
+
+    Attributes:
+        client_id: Client id reported in IDENTIFY; None: the short host name.
+        hostname: Host name reported in IDENTIFY.
+        user_agent: User agent reported in IDENTIFY.
+        heartbeat_interval: Seconds between nsqd's heartbeats, 1 to 60, or -1 to disable.
+        msg_timeout: Seconds nsqd waits for an answer to a message; None: nsqd's default.
+        output_buffer_size: Bytes nsqd buffers before writing to this client; None: nsqd's
+            default.
+        output_buffer_timeout: Seconds nsqd buffers before writing; None: nsqd's default.
+        sample_rate: Percentage of messages delivered, 0 to 99 (0: all).
+        tls: True (system trust store, host name verified), an ``ssl.SSLContext``, or False.
+        tls_hostname: Name the certificate is checked against; None: the address's host.
+        snappy: Negotiate Snappy compression.
+        deflate: Negotiate DEFLATE compression (not with ``snappy``).
+        deflate_level: DEFLATE level, 1 to 9.
+        auth_secret: Secret sent with AUTH when nsqd requires it.
+        extend_support: Youzan: negotiate ext headers (True/False); None: not sent.
+        identify_extra: More IDENTIFY fields, sent as they are.
+        connect_timeout: Seconds allowed for the TCP connection.
+        handshake_timeout: Seconds allowed for the handshake (IDENTIFY, TLS, AUTH).
+        max_frame_size: Largest frame accepted from nsqd, in bytes.
+        auth_over_plaintext: False refuses to send ``auth_secret`` without TLS.
+
+    Raises:
+        InvalidArgument: A value out of range, or both ``snappy`` and ``deflate``.
+        InvalidType: A value of the wrong type.
+    """
 
     client_id: str | None = None  # default: the short host name
     hostname: str = field(default_factory=socket.gethostname)
@@ -95,6 +127,11 @@ class ConnectionConfig:
                 raise InvalidArgument(f"{name} must be > 0")
 
     def identify_body(self) -> dict[str, Any]:
+        """The IDENTIFY command's JSON body for these settings.
+
+        Returns:
+            The body as a dict (times in milliseconds, as nsqd expects).
+        """
         body: dict[str, Any] = {
             "client_id": self.client_id or socket.gethostname().split(".")[0],
             "hostname": self.hostname,
@@ -123,7 +160,19 @@ class ConnectionConfig:
 
 @dataclass(frozen=True, slots=True)
 class Features:
-    """What the server agreed to in its IDENTIFY reply."""
+    """What the server agreed to in its IDENTIFY reply.
+
+    Attributes:
+        version: nsqd's version (the Youzan fork's look like ``0.3.7-HA.1.12.7``).
+        max_rdy_count: Highest RDY nsqd accepts on one connection.
+        msg_timeout: Seconds nsqd waits for an answer to a message.
+        max_msg_timeout: Longest time, in seconds, a message may be held (TOUCH included).
+        tls: Whether the connection switched to TLS.
+        snappy: Whether the connection switched to Snappy.
+        deflate: Whether the connection switched to DEFLATE.
+        auth_required: Whether nsqd requires AUTH.
+        raw: The whole IDENTIFY reply.
+    """
 
     version: str = ""
     max_rdy_count: int = 2500
@@ -142,7 +191,17 @@ class Features:
 
     @classmethod
     def from_reply(cls, reply: object) -> Features:
-        """Features from a decoded IDENTIFY reply; :class:`ProtocolError` if it is not one."""
+        """Features from a decoded IDENTIFY reply.
+
+        Args:
+            reply: The IDENTIFY reply, decoded from JSON.
+
+        Returns:
+            The features, with nsqd's defaults for what the reply leaves out.
+
+        Raises:
+            ProtocolError: ``reply`` is not a usable IDENTIFY reply.
+        """
         if not isinstance(reply, dict):
             raise ProtocolError(f"IDENTIFY reply is not a JSON object: {reply!r:.100}")
         return cls(

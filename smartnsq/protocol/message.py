@@ -167,6 +167,12 @@ class PublishResult:
 
     For MPUB_TRACE the ids and offset are those of the first message and ``size`` covers the
     whole batch.
+
+    Attributes:
+        internal_id: The message's internal id in its partition (Youzan).
+        trace_id: The trace id it was published with.
+        offset: Its offset in the partition's queue.
+        size: Bytes it (or the batch) takes in the queue.
     """
 
     internal_id: int
@@ -176,6 +182,7 @@ class PublishResult:
 
     @property
     def partition(self) -> int:
+        """The partition the message went to (from its internal id)."""
         return partition_of(self.internal_id)
 
     @property

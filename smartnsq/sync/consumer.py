@@ -18,9 +18,10 @@ import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from smartnsq.consumer import Consumer as AsyncConsumer
-from smartnsq.consumer import ConsumerStats, Handler
+from smartnsq.consumer import Handler
 from smartnsq.errors import InvalidType, NSQError
 from smartnsq.message import Message
+from smartnsq.observe.stats import ConsumerStats
 
 _FIN, _REQUEUE, _BACK = "fin", "requeue", "back"
 
@@ -39,17 +40,19 @@ class _Handed:
 class Consumer:
     """Consumes a channel of a topic from plain (non-async) code.
 
-    Iterate::
+    Iterate:
 
         with Consumer("events", "archive", lookupd_http_addresses=[...]) as consumer:
             for message in consumer:
                 ...   # FINed when the next one is taken (or when the block ends normally)
 
-    or give a handler and block in :meth:`run` (until :meth:`stop`, Ctrl-C or SIGTERM)::
+    or give a handler and block in [`run`][smartnsq.sync.Consumer.run] (until
+    [`stop`][smartnsq.sync.Consumer.stop], Ctrl-C or SIGTERM):
 
         Consumer("events", "archive", handle, lookupd_http_addresses=[...]).run()
 
-    The arguments are :class:`smartnsq.Consumer`'s, and so is the contract: RDY and backoff,
+    The arguments are [`smartnsq.Consumer`][smartnsq.Consumer]'s, and so is the contract:
+    RDY and backoff,
     heartbeats answered while your code runs, a graceful stop that loses nothing, ordered
     partitions on Youzan, and ``start``/``partitions``/``advanced`` (a bad one raises in
     :meth:`start`, before anything is sent). While iterating, an exception that leaves the
@@ -61,6 +64,24 @@ class Consumer:
     def __init__(
         self, topic: str, channel: str, handler: Handler | None = None, **options: Any
     ) -> None:
+        """Configure a consumer; nothing connects until [`start`][smartnsq.sync.Consumer.start].
+
+        Args:
+            topic: The topic to consume.
+            channel: The channel to subscribe to.
+            handler: Called with each [`Message`][smartnsq.Message] by
+                [`run`][smartnsq.sync.Consumer.run], in worker threads for a plain ``def``
+                (the same return contract as [`smartnsq.Consumer`][smartnsq.Consumer]: ``False``
+                or raising requeues). ``None`` (default): iterate with ``for message in
+                consumer``.
+            **options: Any keyword argument of [`smartnsq.Consumer`][smartnsq.Consumer]
+                (``lookupd_http_addresses``, ``nsqd_tcp_addresses``, ``max_in_flight``, ...).
+                Without a handler, ``concurrency`` defaults to ``max_in_flight``.
+
+        Raises:
+            InvalidType: ``handler`` is not callable. The options are checked by
+                [`start`][smartnsq.sync.Consumer.start].
+        """
         if handler is not None and not callable(handler):
             raise InvalidType("handler must be a callable taking one Message (or None to iterate)")
         self._args = (topic, channel)
@@ -85,8 +106,14 @@ class Consumer:
         self.close(handled=exc_type is None)
 
     def start(self) -> None:
-        """Start consuming (``with`` does this). Bad arguments raise here, before any
-        connection is made."""
+        """Start consuming (``with`` does this).
+
+        Raises:
+            InvalidArgument: A bad option (see [`smartnsq.Consumer`][smartnsq.Consumer]),
+                raised here before any connection is made.
+            InvalidType: An option of the wrong type.
+            NSQError: The consumer was already started.
+        """
         if self._portal is not None or self._closed:
             raise NSQError("a sync Consumer can be started only once")
         self._portal_cm = start_blocking_portal()
@@ -110,8 +137,16 @@ class Consumer:
         return AsyncConsumer(*self._args, handler, **options)
 
     def close(self, timeout: float = 10.0, *, handled: bool = True) -> None:
-        """Stop gracefully (see :meth:`smartnsq.Consumer.stop`); ``handled`` says whether the
-        message being handled in the loop counts as done (FIN) or not (requeued)."""
+        """Stop gracefully (see [`smartnsq.Consumer.stop`][smartnsq.Consumer.stop]).
+
+        Messages handed over but not yet taken by the loop are requeued at once. ``with``
+        calls it on exit, with ``handled=False`` when an exception leaves the block.
+
+        Args:
+            timeout: Seconds running handlers get to finish, default 10.0.
+            handled: Whether the message being handled in the ``for`` loop counts as done
+                (FIN, the default) or not (requeued).
+        """
         if self._closed or self._portal is None or self._consumer is None:
             self._closed = True
             return
@@ -137,13 +172,24 @@ class Consumer:
             self._portal_cm.__exit__(None, None, None)
 
     def stop(self) -> None:
-        """Ask :meth:`run` (or an iteration) to end; callable from any thread."""
+        """Ask [`run`][smartnsq.sync.Consumer.run] (or an iteration) to end.
+
+        Callable from any thread, a handler included; the graceful stop follows in the thread
+        that runs or iterates.
+        """
         self._stopped.set()
         self._handed.put(None)
 
     def run(self) -> None:
-        """With a handler: consume until :meth:`stop`, Ctrl-C or SIGTERM, then stop
-        gracefully and return. Handlers run in worker threads (see :class:`smartnsq.Consumer`)."""
+        """With a handler: consume until [`stop`][smartnsq.sync.Consumer.stop], Ctrl-C or
+        SIGTERM, then stop gracefully and return.
+
+        Handlers run in worker threads (see [`smartnsq.Consumer`][smartnsq.Consumer]).
+        SIGTERM is caught only when called in the main thread.
+
+        Raises:
+            NSQError: The consumer has no handler.
+        """
         if self._handler is None:
             raise NSQError("run() needs a handler; iterate over a handler-less Consumer")
         previous = None
@@ -174,7 +220,14 @@ class Consumer:
             yield handed.message
 
     def stats(self) -> ConsumerStats:
-        """The async consumer's counters (see :meth:`smartnsq.Consumer.stats`)."""
+        """The consumer's counters (see [`smartnsq.Consumer.stats`][smartnsq.Consumer.stats]).
+
+        Returns:
+            A [`ConsumerStats`][smartnsq.ConsumerStats] snapshot.
+
+        Raises:
+            NSQError: The consumer is not started.
+        """
         if self._consumer is None:
             raise NSQError("the Consumer is not started")
         return self._consumer.stats()

@@ -7,10 +7,20 @@ import logging
 from typing import Any
 
 TRACE_LOGGER = logging.getLogger("smartnsq.trace")
+"""The ``smartnsq.trace`` logger that trace records go to (at INFO)."""
 
 
 def emit(event: str, **fields: Any) -> None:
-    """Log one trace record (``event`` is ``"publish"`` or ``"consume"``)."""
+    """Log one trace record on the ``smartnsq.trace`` logger at INFO.
+
+    Nothing is built when that logger does not log INFO. The record carries the fields as a
+    ``trace`` dict (``JsonFormatter`` writes them as JSON).
+
+    Args:
+        event: What happened: ``"publish"`` or ``"consume"``.
+        **fields: The record's fields (topic, partition, nsqd, internal_id, trace_id,
+            offset, ...).
+    """
     if TRACE_LOGGER.isEnabledFor(logging.INFO):
         record = {"event": event, **fields}
         TRACE_LOGGER.info("%s %s", event, record, extra={"trace": record})
@@ -29,6 +39,16 @@ class JsonFormatter(logging.Formatter):
     fields given with ``extra=``, and the traceback (``exc_info``) and stack, when present."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """Render one log record as a JSON object on one line.
+
+        Args:
+            record: The log record.
+
+        Returns:
+            The JSON text: ``ts`` (seconds since the epoch), ``level``, ``logger``, then the
+                trace fields or ``message``, the ``extra=`` fields, and ``exc_info`` /
+                ``stack_info`` when present.
+        """
         out: dict[str, Any] = {
             "ts": round(record.created, 6),
             "level": record.levelname,

@@ -10,7 +10,12 @@ from smartnsq.protocol.names import validate_topic
 class TraceSwitch:
     """Which topics are traced. Changes take effect for the next publish or message.
 
-    Readers never lock: the state is an immutable snapshot swapped under a lock by writers.
+    Every Producer and Consumer has one as its ``trace`` attribute. Safe to flip from any
+    task or thread: readers never lock, the state is an immutable snapshot swapped under a
+    lock by writers.
+
+    Attributes:
+        active: Whether any topic is traced at all.
     """
 
     def __init__(self) -> None:
@@ -21,7 +26,14 @@ class TraceSwitch:
         self.active = False  # any topic traced at all: one attribute read on hot paths
 
     def enable(self, topic: str | None = None) -> None:
-        """Trace ``topic``, or every topic when ``topic`` is None."""
+        """Trace ``topic``, or every topic when ``topic`` is None.
+
+        Args:
+            topic: The topic to trace; None (default) traces every topic.
+
+        Raises:
+            InvalidTopic: ``topic`` breaks NSQ's naming rules.
+        """
         with self._lock:
             if topic is None:
                 self._all, self._off = True, frozenset()
@@ -32,7 +44,15 @@ class TraceSwitch:
             self.active = True
 
     def disable(self, topic: str | None = None) -> None:
-        """Stop tracing ``topic``, or every topic when ``topic`` is None."""
+        """Stop tracing ``topic``, or every topic when ``topic`` is None.
+
+        Args:
+            topic: The topic to stop tracing (an exception while every topic is traced);
+                None (default) stops tracing altogether.
+
+        Raises:
+            InvalidTopic: ``topic`` breaks NSQ's naming rules.
+        """
         with self._lock:
             if topic is None:
                 self._all, self._on, self._off = False, frozenset(), frozenset()
@@ -45,6 +65,14 @@ class TraceSwitch:
             self.active = self._all or bool(self._on)
 
     def enabled(self, topic: str) -> bool:
+        """Whether ``topic`` is traced now.
+
+        Args:
+            topic: The topic.
+
+        Returns:
+            True when ``topic`` is traced.
+        """
         if self._all:
             return topic not in self._off
         return topic in self._on

@@ -57,6 +57,8 @@ def test_invalid_names_are_value_errors():
         (b"E_SUB_EXTEND_NEED x", errors.SubExtendNeeded, True, Retry.NEVER),
         (b"E_SUB_EXTEND_FORBIDDON x", errors.SubExtendForbidden, True, Retry.NEVER),
         (b"E_EXT_NOT_SUPPORT ext", errors.ExtNotSupported, False, Retry.NEVER),
+        (b"E_TAG_NOT_SUPPORT tag", errors.TagNotSupported, False, Retry.NEVER),
+        (b"E_BAD_TAG bad", errors.BadTag, False, Retry.NEVER),
         (b"E_PUB_TOO_MUCH_WAITING pub", errors.PubTooMuchWaiting, True, Retry.AFTER_REFRESH),
         (b"E_AUTH_FAILED auth failed", errors.AuthFailed, True, Retry.NEVER),
         (b"E_UNAUTHORIZED no", errors.Unauthorized, True, Retry.NEVER),

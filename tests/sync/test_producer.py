@@ -183,6 +183,49 @@ def test_a_mute_server_times_out():
     server.close()
 
 
+def test_a_large_publish_to_a_slow_reader_is_sent_whole():
+    """More bytes than the socket takes at once: the rest goes out as the server reads."""
+    import socket
+    import struct
+
+    from tests.fakes import IDENTIFY_OK
+
+    body = bytes(random.getrandbits(8) for _ in range(256)) * (32 * 1024)  # 8 MiB
+    command = b"PUB t\n" + struct.pack(">I", len(body)) + body
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    got = bytearray()
+
+    def serve() -> None:
+        sock, _ = server.accept()
+        with sock:
+            data = b""
+            while b"IDENTIFY\n" not in data or len(data) < data.index(b"IDENTIFY\n") + 13:
+                data += sock.recv(4096)
+            at = data.index(b"IDENTIFY\n") + 9
+            (size,) = struct.unpack_from(">i", data, at)
+            while len(data) < at + 4 + size:
+                data += sock.recv(4096)
+            sock.sendall(IDENTIFY_OK)
+            got.extend(data[at + 4 + size :])
+            while len(got) < len(command):  # small reads: the client's sends fill up
+                got.extend(sock.recv(4096))
+            sock.sendall(b"\x00\x00\x00\x06\x00\x00\x00\x00OK")
+            sock.recv(1)  # until the client closes
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        with Producer(
+            [f"127.0.0.1:{port}"], max_message_size=len(body), max_body_size=len(body) + 8
+        ) as producer:
+            producer.publish("t", body, timeout=30)
+    finally:
+        thread.join(30)
+        server.close()
+    assert bytes(got) == command
+
+
 def test_use_after_fork_is_refused(classic_cluster):
     nsqd = classic_cluster.nsqd[0]
     topic = unique("sfork")

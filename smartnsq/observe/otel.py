@@ -1,0 +1,303 @@
+"""OpenTelemetry spans for publishes and handlers (``pip install 'smartnsq[otel]'``).
+
+::
+
+    from smartnsq.observe import otel
+
+    otel.instrument(producer)    # a PRODUCER span per publish() / publish_many() call
+    otel.instrument(consumer)    # a CONSUMER span per handler call; before starting it
+
+Nothing is traced unless :func:`instrument` is called: it wraps that one client's publish
+methods (or its handler), so uninstrumented clients run exactly the code they did before.
+
+Attributes follow OpenTelemetry's messaging conventions: ``messaging.system`` ``"nsq"``,
+``messaging.destination.name`` (topic), ``messaging.consumer.group.name`` (channel),
+``messaging.operation.type`` (``send`` / ``process``), ``messaging.operation.name``
+(``publish`` / ``process``), ``messaging.message.id``, ``messaging.message.body.size``,
+``messaging.batch.message_count``, ``messaging.destination.partition.id`` (Youzan
+partitions). NSQ-specific ones: ``messaging.nsq.trace_id`` (the Youzan trace id, a decimal
+string: it may not fit OpenTelemetry's signed 64-bit integers), ``messaging.nsq.attempts``
+and ``messaging.nsq.requeued`` (the handler returned ``False``). A handler's exception is
+recorded on its span, which is then marked as an error. No trace context travels inside
+messages: NSQ messages have no headers for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Sized
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Tracer, TracerProvider
+
+from smartnsq._version import __version__
+from smartnsq.consumer import Consumer, _is_async
+from smartnsq.errors import InvalidArgument, InvalidType, NSQError
+from smartnsq.message import Message
+from smartnsq.producer import Producer
+from smartnsq.protocol.message import PublishResult
+from smartnsq.publishing import ProducerCore
+from smartnsq.sync.consumer import Consumer as SyncConsumer
+from smartnsq.sync.producer import Producer as SyncProducer
+
+__all__ = ["TRACE_ID", "instrument", "uninstrument"]
+
+#: The attribute that carries the Youzan trace id (decimal string).
+TRACE_ID = "messaging.nsq.trace_id"
+
+_SCOPE = "smartnsq"
+_WRAPPED = ("publish", "publish_many")
+
+
+def instrument(
+    client: Producer | SyncProducer | Consumer | SyncConsumer,
+    *,
+    tracer_provider: TracerProvider | None = None,
+) -> None:
+    """Trace a producer's publishes or a consumer's handler calls with OpenTelemetry spans.
+
+    Args:
+        client: A :class:`smartnsq.Producer` or :class:`smartnsq.sync.Producer` (any time),
+            or a :class:`smartnsq.Consumer` or :class:`smartnsq.sync.Consumer` with a
+            handler, before it is started.
+        tracer_provider: Where spans go; OpenTelemetry's global provider if omitted.
+
+    Raises:
+        InvalidType: ``client`` is none of those.
+        InvalidArgument: The consumer has no handler (pulled messages are the caller's to
+            trace), or it is instrumented already.
+        NSQError: The consumer is already started.
+    """
+    tracer = trace.get_tracer(_SCOPE, __version__, tracer_provider=tracer_provider)
+    if isinstance(client, ProducerCore):
+        if "publish" in vars(client):
+            raise InvalidArgument("this Producer is instrumented already")
+        if isinstance(client, Producer):
+            _instrument_async_producer(client, tracer)
+        else:
+            _instrument_sync_producer(client, tracer)
+        return
+    if isinstance(client, Consumer):
+        if client._started:
+            raise NSQError("instrument a Consumer before starting it")
+    elif isinstance(client, SyncConsumer):
+        if client._portal is not None or client._closed:
+            raise NSQError("instrument a Consumer before starting it")
+    else:
+        raise InvalidType(
+            "instrument takes a smartnsq Producer or Consumer (async or sync), "
+            f"not {type(client).__name__}"
+        )
+    handler = client._handler
+    if handler is None:
+        raise InvalidArgument(
+            "this Consumer has no handler: trace the messages you pull in your own spans"
+        )
+    if getattr(handler, "_smartnsq_traced", False):
+        raise InvalidArgument("this Consumer is instrumented already")
+    topic, channel = (
+        (client.topic, client.channel) if isinstance(client, Consumer) else client._args
+    )
+    client._handler = _traced_handler(handler, tracer, topic, channel)
+
+
+def uninstrument(client: Producer | SyncProducer | Consumer | SyncConsumer) -> None:
+    """Undo :func:`instrument`; nothing happens if ``client`` was not instrumented.
+
+    Args:
+        client: The producer, or the consumer (not started yet).
+
+    Raises:
+        NSQError: The consumer is already started.
+    """
+    if isinstance(client, ProducerCore):
+        for name in _WRAPPED:
+            vars(client).pop(name, None)
+        return
+    if isinstance(client, Consumer | SyncConsumer):
+        started = client._started if isinstance(client, Consumer) else client._portal is not None
+        if started:
+            raise NSQError("uninstrument a Consumer before starting it")
+        original = getattr(client._handler, "__wrapped__", None)
+        if original is not None and getattr(client._handler, "_smartnsq_traced", False):
+            client._handler = original
+
+
+# -- producers -----------------------------------------------------------------------------------
+
+
+def _publish_attributes(
+    topic: str, operation: str, kwargs: dict[str, Any], count: int | None
+) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "messaging.system": "nsq",
+        "messaging.destination.name": topic,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": operation,
+    }
+    if count is not None:
+        attributes["messaging.batch.message_count"] = count
+    partition = kwargs.get("partition")
+    if isinstance(partition, int):
+        attributes["messaging.destination.partition.id"] = str(partition)
+    trace_id = kwargs.get("trace_id")
+    if isinstance(trace_id, int):
+        attributes[TRACE_ID] = str(trace_id)
+    return attributes
+
+
+def _on_result(span: Span, result: PublishResult | list[PublishResult] | None) -> None:
+    """What a traced (Youzan) publish answered: the message's id, partition and trace id."""
+    if isinstance(result, list):
+        if len(result) != 1:
+            return
+        result = result[0]
+    if result is None:
+        return
+    span.set_attribute("messaging.message.id", str(result.internal_id))
+    span.set_attribute("messaging.destination.partition.id", str(result.partition))
+    if result.trace_id:
+        span.set_attribute(TRACE_ID, str(result.trace_id))
+
+
+def _batch_size(bodies: object) -> int | None:
+    if isinstance(bodies, Sized) and not isinstance(bodies, bytes | bytearray | str):
+        return len(bodies)
+    return None  # an iterator: not consumed here
+
+
+def _instrument_async_producer(producer: Producer, tracer: Tracer) -> None:
+    publish, publish_many = producer.publish, producer.publish_many
+
+    @functools.wraps(publish)
+    async def traced_publish(topic: str, body: bytes, **kwargs: Any) -> PublishResult | None:
+        attributes = _publish_attributes(topic, "publish", kwargs, None)
+        if isinstance(body, Sized):
+            attributes["messaging.message.body.size"] = len(body)
+        with tracer.start_as_current_span(
+            f"publish {topic}", kind=SpanKind.PRODUCER, attributes=attributes
+        ) as span:
+            result = await publish(topic, body, **kwargs)
+            _on_result(span, result)
+            return result
+
+    @functools.wraps(publish_many)
+    async def traced_publish_many(
+        topic: str, bodies: Any, **kwargs: Any
+    ) -> list[PublishResult] | None:
+        attributes = _publish_attributes(topic, "publish", kwargs, _batch_size(bodies))
+        with tracer.start_as_current_span(
+            f"publish {topic}", kind=SpanKind.PRODUCER, attributes=attributes
+        ) as span:
+            results = await publish_many(topic, bodies, **kwargs)
+            _on_result(span, results)
+            return results
+
+    # Instance attributes shadow the methods for this producer only.
+    vars(producer).update(publish=traced_publish, publish_many=traced_publish_many)
+
+
+def _instrument_sync_producer(producer: SyncProducer, tracer: Tracer) -> None:
+    publish, publish_many = producer.publish, producer.publish_many
+
+    @functools.wraps(publish)
+    def traced_publish(topic: str, body: bytes, **kwargs: Any) -> PublishResult | None:
+        attributes = _publish_attributes(topic, "publish", kwargs, None)
+        if isinstance(body, Sized):
+            attributes["messaging.message.body.size"] = len(body)
+        with tracer.start_as_current_span(
+            f"publish {topic}", kind=SpanKind.PRODUCER, attributes=attributes
+        ) as span:
+            result = publish(topic, body, **kwargs)
+            _on_result(span, result)
+            return result
+
+    @functools.wraps(publish_many)
+    def traced_publish_many(topic: str, bodies: Any, **kwargs: Any) -> list[PublishResult] | None:
+        attributes = _publish_attributes(topic, "publish", kwargs, _batch_size(bodies))
+        with tracer.start_as_current_span(
+            f"publish {topic}", kind=SpanKind.PRODUCER, attributes=attributes
+        ) as span:
+            results = publish_many(topic, bodies, **kwargs)
+            _on_result(span, results)
+            return results
+
+    vars(producer).update(publish=traced_publish, publish_many=traced_publish_many)
+
+
+# -- consumers -----------------------------------------------------------------------------------
+
+
+def _process_attributes(msg: Message, topic: str, channel: str) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "messaging.system": "nsq",
+        "messaging.destination.name": topic,
+        "messaging.consumer.group.name": channel,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.message.body.size": len(msg.body),
+        "messaging.nsq.attempts": msg.attempts,
+    }
+    if msg._reader.layout.binary_id:  # Youzan: an internal id and a trace id
+        attributes["messaging.message.id"] = str(msg.internal_id)
+        attributes["messaging.destination.partition.id"] = str(msg.partition)
+        if msg.trace_id:
+            attributes[TRACE_ID] = str(msg.trace_id)
+    else:
+        mid = msg.id
+        attributes["messaging.message.id"] = mid.decode() if mid.isascii() else mid.hex()
+        if msg.partition is not None:
+            attributes["messaging.destination.partition.id"] = str(msg.partition)
+    return attributes
+
+
+def _outcome(span: Span, value: object) -> None:
+    if value is False:
+        span.set_attribute("messaging.nsq.requeued", True)
+
+
+def _traced_handler(
+    handler: Callable[[Message], Any], tracer: Tracer, topic: str, channel: str
+) -> Callable[[Message], Any]:
+    name = f"process {topic}"
+    if _is_async(handler):
+
+        @functools.wraps(handler)
+        async def traced_async(msg: Message) -> Any:
+            attributes = _process_attributes(msg, topic, channel)
+            with tracer.start_as_current_span(
+                name, kind=SpanKind.CONSUMER, attributes=attributes
+            ) as span:
+                value = await handler(msg)
+                _outcome(span, value)
+                return value
+
+        traced: Callable[[Message], Any] = traced_async
+    else:
+
+        @functools.wraps(handler)
+        def traced_sync(msg: Message) -> Any:
+            attributes = _process_attributes(msg, topic, channel)
+            with tracer.start_as_current_span(
+                name, kind=SpanKind.CONSUMER, attributes=attributes
+            ) as span:
+                value = handler(msg)
+                if inspect.isawaitable(value):  # forwarded to an async function: its result
+                    return _finish_later(span, value)
+                _outcome(span, value)
+                return value
+
+        traced = traced_sync
+    traced._smartnsq_traced = True  # type: ignore[attr-defined]
+    return traced
+
+
+async def _finish_later(span: Span, awaitable: Awaitable[Any]) -> Any:
+    # The sync handler returned an awaitable; the consumer awaits it on its loop. The span
+    # was ended with the call; the outcome is still recorded when known.
+    value = await awaitable
+    if span.is_recording():
+        _outcome(span, value)
+    return value
