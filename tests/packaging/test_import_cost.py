@@ -22,7 +22,7 @@ def imported_after(code: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "code",
-    ["import smartnsq", "import smartnsq.sync"],
+    ["import smartnsq", "import smartnsq.sync", "import smartnsq.testing"],
 )
 def test_import_loads_no_heavy_dependency(code: str) -> None:
     assert imported_after(code) == []
