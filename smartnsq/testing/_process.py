@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
 import signal as _signal
 import socket
 import subprocess
@@ -89,7 +88,11 @@ def ping(http: str) -> bool:
 
 
 def raise_nofile_limit() -> None:
-    """Children inherit our soft RLIMIT_NOFILE; raise it to the hard limit."""
+    """Children inherit our soft RLIMIT_NOFILE; raise it to the hard limit (POSIX)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: the pytest plugin still loads
+        return
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or soft < hard:
         with contextlib.suppress(ValueError, OSError):
@@ -205,7 +208,7 @@ def stop(daemons: Sequence[Daemon], timeout: float = STOP_TIMEOUT) -> None:
         d.wait_exit(max(0.0, deadline - time.monotonic()))
     for d in daemons:
         if d.alive():
-            d.signal(_signal.SIGKILL)
+            d.signal(getattr(_signal, "SIGKILL", _signal.SIGTERM))
             d.wait_exit(5.0)
         d.reap()
 

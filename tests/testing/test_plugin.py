@@ -5,6 +5,8 @@ pytester writes a small test file and runs pytest on it, with real nsqd/nsqlooku
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ import pytest
 
 from smartnsq import Consumer, Producer
 from smartnsq.errors import NSQError
+from smartnsq.testing import start_cluster
 
 
 def record(name, *daemons):
@@ -72,6 +75,23 @@ class TestOwnFlags:
                     await producer.publish("events", b"x" * 17)
 
         anyio.run(main)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    with start_cluster(tmp_path_factory.mktemp("shared")) as cluster:
+        yield cluster
+
+
+@pytest.mark.parametrize("body", [b"one", b"two"])
+def test_a_module_fixture_of_ones_own(shared, body):
+    record("pids", *shared.nsqd, *shared.lookupd)
+
+    async def main():
+        async with Producer(nsqd_tcp_addresses=shared.nsqd_tcp_addresses) as producer:
+            await producer.publish("shared", body)
+
+    anyio.run(main)
 """
 
 
@@ -87,9 +107,11 @@ def test_user_tests_run_against_real_servers_that_stop_afterwards(
     monkeypatch.setenv(BIN_DIR_ENV, str(classic_bin_dir))
     pytester.makepyfile(test_user=USER_TESTS)
     result = pytester.runpytest()
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=5)
     pids = [int(p) for p in (pytester.path / "pids").read_text().split()]
-    assert len(set(pids)) == 4  # a fresh nsqd for each test, and the lookupd of one of them
+    # a fresh nsqd for each of the first three tests, the lookupd of one of them, and the
+    # module fixture's nsqd and nsqlookupd, shared by the last two
+    assert len(pids) == 8 and len(set(pids)) == 6
     assert [p for p in pids if pid_alive(p)] == []
 
 
@@ -131,6 +153,12 @@ def test_missing_binaries_give_one_clear_error(
     assert out.count("Put the NSQ server binaries") == 1
     assert "Traceback" not in out
     assert "never runs" not in out
+
+
+def test_the_plugin_loads_without_the_posix_only_resource_module() -> None:
+    # it is loaded into every pytest run where smartnsq is installed, Windows included
+    code = "import sys; sys.modules['resource'] = None; import smartnsq.testing.plugin"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_the_plugin_is_registered_under_its_name(pytestconfig: pytest.Config) -> None:
