@@ -1,14 +1,18 @@
 """smartnsq: an NSQ client for classic nsqd and Youzan's partitioned HA fork."""
 
 import logging
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from smartnsq._version import __version__
-from smartnsq.connection import Connection, ConnectionConfig, Features
-from smartnsq.consumer import Consumer, ConsumerStats
-from smartnsq.message import Message
-from smartnsq.producer import Producer
-from smartnsq.protocol.message import PublishResult
-from smartnsq.runner import run, serve
+
+if TYPE_CHECKING:
+    from smartnsq.connection import Connection, ConnectionConfig, Features
+    from smartnsq.consumer import Consumer, ConsumerStats
+    from smartnsq.message import Message
+    from smartnsq.producer import Producer
+    from smartnsq.protocol.message import PublishResult
+    from smartnsq.runner import run, serve
 
 __all__ = [
     "Connection",
@@ -23,6 +27,35 @@ __all__ = [
     "run",
     "serve",
 ]
+
+# The names above are imported on first use, from these modules: `import smartnsq` alone (say,
+# by the pytest plugin that pytest loads in every run, or to read __version__) stays cheap.
+_LAZY = {
+    "Connection": "smartnsq.connection",
+    "ConnectionConfig": "smartnsq.connection",
+    "Features": "smartnsq.connection",
+    "Consumer": "smartnsq.consumer",
+    "ConsumerStats": "smartnsq.consumer",
+    "Message": "smartnsq.message",
+    "Producer": "smartnsq.producer",
+    "PublishResult": "smartnsq.protocol.message",
+    "run": "smartnsq.runner",
+    "serve": "smartnsq.runner",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'smartnsq' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later lookups do not come back here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 # A library logs only where the application asked for logs: without this, Python's
 # last-resort handler prints our warnings to stderr of programs that configured nothing.

@@ -35,3 +35,33 @@ def test_the_probe_sees_a_dependency_once_it_is_used() -> None:
     assert "httpx" in imported_after(
         "from smartnsq.lookup import check_lookupd_addresses as c; c('127.0.0.1:4161')"
     )
+
+
+def test_the_pytest_plugin_loads_neither_anyio_nor_the_client() -> None:
+    # pytest loads it in every run wherever smartnsq is installed
+    probe = (
+        "import pytest, sys; import smartnsq.testing.plugin; "
+        "print(sorted(m for m in sys.modules if m == 'anyio' or m.startswith('smartnsq.')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert ast.literal_eval(out.stdout) == [
+        "smartnsq._version",
+        "smartnsq.testing",
+        "smartnsq.testing._process",
+        "smartnsq.testing.plugin",
+    ]
+
+
+def test_every_public_name_of_the_package_is_there_when_asked_for() -> None:
+    import smartnsq
+    from smartnsq.consumer import Consumer
+    from smartnsq.runner import run
+
+    assert smartnsq.Consumer is Consumer and smartnsq.run is run
+    for name in smartnsq.__all__:
+        assert getattr(smartnsq, name) is not None
+    assert set(smartnsq.__all__) <= set(dir(smartnsq))
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        smartnsq.Nope  # noqa: B018
