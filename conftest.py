@@ -1,1 +1,1 @@
-pytest_plugins = ["compat.pytest_plugin"]
+pytest_plugins = ["compat.pytest_plugin", "pytester"]

@@ -15,230 +15,68 @@ CLI (prints one JSON object on stdout, leaves the daemons running)::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import resource
 import shutil
 import signal as _signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from compat.servers import ensure_binaries
+from smartnsq.testing import _process
+from smartnsq.testing._process import (
+    DEFAULT_TIMEOUT,
+    HOST,
+    STOP_TIMEOUT,
+    free_port,
+    http_json,
+    http_request,
+    nsqd_daemon,
+    nsqlookupd_daemon,
+    ping,
+    raise_nofile_limit,
+    registered,
+    stop,
+    wait_ready,
+    wait_until,
+)
 
-HOST = "127.0.0.1"
-ACCEPT_V1 = {"Accept": "application/vnd.nsq; version=1.0"}
+__all__ = [
+    "Cluster",
+    "ClusterError",
+    "Daemon",
+    "free_port",
+    "http_json",
+    "http_request",
+]
+
 STATE_FILE = "cluster.json"
-DEFAULT_TIMEOUT = 60.0
-STOP_TIMEOUT = 10.0
 
-
-class ClusterError(RuntimeError):
-    """A daemon died or did not become ready in time."""
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-_handed_out: set[int] = set()
-
-
-def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1, never one this process handed out before.
-
-    The kernel may offer the same ephemeral port to two consecutive bind(0) calls once the
-    first socket is closed, so remembering what we gave away matters (a daemon configured
-    with two equal ports dies on start). A tiny race with other processes remains.
-    """
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((HOST, 0))
-            port = int(s.getsockname()[1])
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
-
-
-def http_request(
-    url: str, method: str = "GET", data: bytes | None = None, timeout: float = 5.0
-) -> tuple[int, bytes]:
-    """HTTP request with the nsq v1 Accept header; returns (status, body), even for 4xx/5xx."""
-    req = urllib.request.Request(url, data=data, method=method, headers=ACCEPT_V1)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return int(resp.status), resp.read()
-    except urllib.error.HTTPError as e:
-        return int(e.code), e.read()
-
-
-def http_json(url: str, method: str = "GET", timeout: float = 5.0) -> Any:
-    """Decoded JSON of a 200 answer (legacy ``data`` envelope unwrapped); raises otherwise."""
-    status, body = http_request(url, method=method, timeout=timeout)
-    if status != 200:
-        raise ClusterError(f"{method} {url} -> HTTP {status}: {body[:500]!r}")
-    if not body.strip():
-        return None
-    obj = json.loads(body)
-    if isinstance(obj, dict) and "status_code" in obj and "data" in obj:
-        return obj["data"]
-    return obj
-
-
-def _raise_nofile_limit() -> None:
-    """Children inherit our soft RLIMIT_NOFILE; raise it to the hard limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie counts as dead
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-# --------------------------------------------------------------------------- daemons
+# The process handling (free ports, spawning, readiness polls, SIGTERM then SIGKILL, log tails)
+# is smartnsq.testing._process, shared with the pytest plugin that smartnsq ships for its users.
+ClusterError = _process.ServerError
 
 
 @dataclass
-class Daemon:
-    """One server process. Addresses are ``host:port`` strings ("" when not applicable)."""
+class Daemon(_process.Daemon):
+    """A server of a cluster; the fork's daemons also have an RPC port and glog files."""
 
-    name: str  # e.g. "nsqd0", "nsqlookupd0", "etcd"
-    role: str  # "nsqd" | "nsqlookupd" | "etcd"
-    argv: list[str]
-    log: str
-    data: str = ""
-    tcp: str = ""
-    http: str = ""
-    https: str = ""
     rpc: str = ""
     extra: dict[str, str] = field(default_factory=dict)
-    pid: int = 0
-    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
-    def spawn(self) -> None:
-        if self.data:
-            Path(self.data).mkdir(parents=True, exist_ok=True)
-        Path(self.log).parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as logf:
-            logf.write(f"\n=== {time.strftime('%H:%M:%S')} start: {' '.join(self.argv)}\n".encode())
-            logf.flush()
-            self._proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                cwd=self.data or None,
-                start_new_session=True,
-            )
-        self.pid = self._proc.pid
-
-    def alive(self) -> bool:
-        if self._proc is not None:
-            return self._proc.poll() is None
-        return self.pid > 0 and _pid_alive(self.pid)
-
-    def signal(self, sig: int) -> None:
-        if self.pid > 0 and self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
-
-    def wait_exit(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                return True
-            time.sleep(0.02)
-        return not self.alive()
-
-    def terminate(self, timeout: float = STOP_TIMEOUT) -> None:
-        """SIGTERM, then SIGKILL after ``timeout`` seconds."""
-        if not self.alive():
-            self._reap()
-            return
-        self.signal(_signal.SIGTERM)
-        if not self.wait_exit(timeout):
-            self.signal(_signal.SIGKILL)
-            self.wait_exit(5.0)
-        self._reap()
-
-    def _reap(self) -> None:
-        if self._proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=1.0)
-
-    def log_tail(self, lines: int = 40) -> str:
-        """Last lines of the stdout/stderr log (and of the glog INFO file for the fork)."""
-        files = [Path(self.log)]
+    def log_files(self) -> list[Path]:
+        files = super().log_files()
         if self.extra.get("glog"):
             files += sorted(Path(self.extra["glog"]).glob("*.log.INFO.*"))[-1:]
-        parts = []
-        for f in files:
-            try:
-                text = f.read_text(errors="replace")
-            except OSError:
-                continue
-            parts.append(f"[{f}]\n" + "\n".join(text.splitlines()[-lines:]))
-        return "\n".join(parts) or "(no log)"
-
-    def to_state(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+        return files
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> Daemon:
         return cls(**{k: v for k, v in d.items() if k != "_proc"})
-
-
-def _wait(what: str, check: Callable[[], bool], daemons: Sequence[Daemon], timeout: float) -> None:
-    """Poll ``check`` until true; fail early if a daemon died; include log tails in errors."""
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    last_exc: Exception | None = None
-    while True:
-        for d in daemons:
-            if not d.alive():
-                raise ClusterError(
-                    f"{d.name} exited while waiting for {what}; log tail:\n{d.log_tail()}"
-                )
-        try:
-            if check():
-                return
-            last_exc = None
-        except (OSError, ValueError, ClusterError) as e:  # connection refused, bad JSON, ...
-            last_exc = e
-        if time.monotonic() >= deadline:
-            tails = "\n".join(f"--- {d.name} ({d.log}):\n{d.log_tail()}" for d in daemons)
-            raise ClusterError(
-                f"timed out after {timeout:.0f}s waiting for {what} "
-                f"(last error: {last_exc})\n{tails}"
-            )
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.25)
-
-
-def _ping(http: str) -> bool:
-    status, body = http_request(f"http://{http}/ping", timeout=2.0)
-    return status == 200 and body.strip() == b"OK"
 
 
 # --------------------------------------------------------------------------- cluster
@@ -278,7 +116,7 @@ class Cluster:
             dir = tempfile.mkdtemp(prefix=f"smartnsq-{kind}-")
         n_nsqd = nsqd if nsqd is not None else (1 if kind == "classic" else 2)
         bins = {k: str(v) for k, v in ensure_binaries(kind).items()}
-        _raise_nofile_limit()
+        raise_nofile_limit()
         root = Path(dir).resolve()
         root.mkdir(parents=True, exist_ok=True)
         if (root / STATE_FILE).exists():
@@ -315,37 +153,19 @@ class Cluster:
         lookupd_args: list[str],
     ) -> None:
         for i in range(n_lookupd):
-            name = f"nsqlookupd{i}"
-            log, data = self._paths(name)
-            tcp, http = f"{HOST}:{free_port()}", f"{HOST}:{free_port()}"
-            argv = [
-                bins["nsqlookupd"],
-                f"--tcp-address={tcp}",
-                f"--http-address={http}",
-                f"--broadcast-address={HOST}",
-                *lookupd_args,
-            ]
-            self.lookupd.append(Daemon(name, "nsqlookupd", argv, log, data, tcp=tcp, http=http))
+            log, data = self._paths(f"nsqlookupd{i}")
+            lk = nsqlookupd_daemon(bins["nsqlookupd"], f"nsqlookupd{i}", log, data, lookupd_args)
+            self.lookupd.append(Daemon.from_state(lk.to_state()))
         for d in self.lookupd:
             d.spawn()
         self._save()
         for d in self.lookupd:
-            _wait(f"{d.name} /ping", partial(_ping, d.http), [d], self.timeout)
+            wait_ready(d, timeout=self.timeout)
+        lookupd_tcp = [lk.tcp for lk in self.lookupd]
         for i in range(n_nsqd):
-            name = f"nsqd{i}"
-            log, data = self._paths(name)
-            tcp, http, https = (f"{HOST}:{free_port()}" for _ in range(3))
-            argv = [
-                bins["nsqd"],
-                f"--tcp-address={tcp}",
-                f"--http-address={http}",
-                f"--https-address={https}",
-                f"--broadcast-address={HOST}",
-                f"--data-path={data}",
-                *(f"--lookupd-tcp-address={lk.tcp}" for lk in self.lookupd),
-                *nsqd_args,
-            ]
-            self.nsqd.append(Daemon(name, "nsqd", argv, log, data, tcp=tcp, http=http, https=https))
+            log, data = self._paths(f"nsqd{i}")
+            d = nsqd_daemon(bins["nsqd"], f"nsqd{i}", log, data, lookupd_tcp, nsqd_args)
+            self.nsqd.append(Daemon.from_state(d.to_state()))
         for d in self.nsqd:
             d.spawn()
         self._save()
@@ -383,7 +203,7 @@ class Cluster:
         self.etcd.spawn()
         self._save()
         etcd = self.etcd
-        _wait(
+        wait_until(
             "etcd v2 API",
             lambda: http_request(f"http://{etcd.http}/v2/keys/")[0] == 200,
             [etcd],
@@ -425,8 +245,8 @@ class Cluster:
             d.spawn()
         self._save()
         for d in self.lookupd:
-            _wait(f"{d.name} /ping", partial(_ping, d.http), [d, etcd], self.timeout)
-        _wait(
+            wait_until(f"{d.name} /ping", partial(ping, d.http), [d, etcd], self.timeout)
+        wait_until(
             "nsqlookupd leader election",
             lambda: bool(self.lookupd_leader()),
             [*self.lookupd, etcd],
@@ -489,29 +309,18 @@ class Cluster:
                 return f"{leader['NodeIP']}:{leader['HttpPort']}"
         return ""
 
-    def _registered(self, d: Daemon, lookupd_http: str) -> bool:
-        nodes = http_json(f"http://{lookupd_http}/nodes", timeout=2.0) or {}
-        port = int(d.tcp.rsplit(":", 1)[1])
-        return any(int(p.get("tcp_port", 0)) == port for p in nodes.get("producers") or [])
-
     def _wait_nsqd_ready(self, d: Daemon) -> None:
-        others = [x for x in (self.etcd, *self.lookupd) if x is not None]
-        _wait(f"{d.name} /ping", lambda: _ping(d.http), [d, *others], self.timeout)
         if self.kind == "classic":
-            for lk in self.lookupd:
-                _wait(
-                    f"{d.name} registered in {lk.name}",
-                    partial(self._registered, d, lk.http),
-                    [d, lk],
-                    self.timeout,
-                )
-        else:
-            _wait(
-                f"{d.name} registered in the leader nsqlookupd",
-                lambda: self._registered(d, self.lookupd_leader()),
-                [d, *others],
-                self.timeout,
-            )
+            wait_ready(d, self.lookupd, timeout=self.timeout)
+            return
+        others = [x for x in (self.etcd, *self.lookupd) if x is not None]
+        wait_until(f"{d.name} /ping", lambda: ping(d.http), [d, *others], self.timeout)
+        wait_until(
+            f"{d.name} registered in the leader nsqlookupd",
+            lambda: registered(d, self.lookupd_leader()),
+            [d, *others],
+            self.timeout,
+        )
 
     # ---- info / state
 
@@ -568,7 +377,7 @@ class Cluster:
         d.signal(signal)
         if not d.wait_exit(timeout):
             raise ClusterError(f"{d.name} did not exit within {timeout}s after signal {signal}")
-        d._reap()
+        d.reap()
 
     def restart_nsqd(self, i: int) -> None:
         """(Re)start nsqd ``i`` with the same ports and data dir; wait until ready."""
@@ -585,16 +394,7 @@ class Cluster:
         """Stop every daemon (SIGTERM, SIGKILL after a deadline); remove data dirs and state."""
         groups = [self.nsqd, self.lookupd, [self.etcd] if self.etcd else []]
         for group in groups:
-            for d in group:
-                d.signal(_signal.SIGTERM)
-            deadline = time.monotonic() + STOP_TIMEOUT
-            for d in group:
-                d.wait_exit(max(0.0, deadline - time.monotonic()))
-            for d in group:
-                if d.alive():
-                    d.signal(_signal.SIGKILL)
-                    d.wait_exit(5.0)
-                d._reap()
+            stop(group, STOP_TIMEOUT)
         if remove_data:
             shutil.rmtree(self.dir / "data", ignore_errors=True)
         (self.dir / STATE_FILE).unlink(missing_ok=True)

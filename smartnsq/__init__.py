@@ -1,21 +1,25 @@
 """smartnsq: an NSQ client for classic nsqd and Youzan's partitioned HA fork."""
 
 import logging
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from smartnsq._version import __version__
-from smartnsq.connection import Connection, ConnectionConfig, Features
-from smartnsq.consumer import Consumer
-from smartnsq.message import Message
-from smartnsq.observe.stats import (
-    ConsumerNodeStats,
-    ConsumerStats,
-    ProducerNodeStats,
-    ProducerStats,
-)
-from smartnsq.offsets import PartitionOffsets, partition_offsets
-from smartnsq.producer import Producer
-from smartnsq.protocol.message import PublishResult
-from smartnsq.runner import run, serve
+
+if TYPE_CHECKING:
+    from smartnsq.connection import Connection, ConnectionConfig, Features
+    from smartnsq.consumer import Consumer
+    from smartnsq.message import Message
+    from smartnsq.observe.stats import (
+        ConsumerNodeStats,
+        ConsumerStats,
+        ProducerNodeStats,
+        ProducerStats,
+    )
+    from smartnsq.offsets import PartitionOffsets, partition_offsets
+    from smartnsq.producer import Producer
+    from smartnsq.protocol.message import PublishResult
+    from smartnsq.runner import run, serve
 
 __all__ = [
     "Connection",
@@ -35,6 +39,40 @@ __all__ = [
     "run",
     "serve",
 ]
+
+# The names above are imported on first use, from these modules: `import smartnsq` alone (say,
+# by the pytest plugin that pytest loads in every run, or to read __version__) stays cheap.
+_LAZY = {
+    "Connection": "smartnsq.connection",
+    "ConnectionConfig": "smartnsq.connection",
+    "Features": "smartnsq.connection",
+    "Consumer": "smartnsq.consumer",
+    "ConsumerNodeStats": "smartnsq.observe.stats",
+    "ConsumerStats": "smartnsq.observe.stats",
+    "Message": "smartnsq.message",
+    "PartitionOffsets": "smartnsq.offsets",
+    "Producer": "smartnsq.producer",
+    "ProducerNodeStats": "smartnsq.observe.stats",
+    "ProducerStats": "smartnsq.observe.stats",
+    "PublishResult": "smartnsq.protocol.message",
+    "partition_offsets": "smartnsq.offsets",
+    "run": "smartnsq.runner",
+    "serve": "smartnsq.runner",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'smartnsq' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later lookups do not come back here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 # A library logs only where the application asked for logs: without this, Python's
 # last-resort handler prints our warnings to stderr of programs that configured nothing.

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import anyio
-import httpx
 
 from smartnsq.errors import InvalidArgument, LookupFailed, ProtocolError, TopicNotFound
 from smartnsq.lookup.model import Skipped, TopicLayout, loads, parse_listlookup, parse_lookup
+
+if TYPE_CHECKING:  # httpx is imported where a lookupd address is parsed or asked, not before
+    import httpx
 
 # identity: the size cap counts the bytes we keep, not a compressed stream that may inflate.
 ACCEPT = {"Accept": "application/vnd.nsq; version=1.0", "Accept-Encoding": "identity"}
@@ -26,6 +29,8 @@ def normalize_lookupd_address(address: str) -> str:
         raise InvalidArgument(f"lookupd address must be 'host:port' or a URL, not {address!r}")
     address = address.strip().rstrip("/")
     url = address if "://" in address else f"http://{address}"
+    import httpx
+
     try:
         parsed = httpx.URL(url)
     except Exception as exc:  # httpx raises several types for bad URLs
@@ -57,6 +62,8 @@ async def fetch(
     so a server sending a byte now and then would never time out), and the body is read up
     to ``max_response_size`` bytes. Failures raise :class:`LookupFailed`.
     """
+    import httpx
+
     with anyio.move_on_after(timeout):
         try:
             async with client.stream(

@@ -26,10 +26,9 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
-import httpx
 
 from smartnsq import _checks
 from smartnsq.errors import InvalidArgument, LookupFailed, TopicNotFound
@@ -41,6 +40,9 @@ from smartnsq.lookup.client import (
     fetch_lookup,
 )
 from smartnsq.lookup.model import Node, Skipped, TopicLayout, TopicMeta
+
+if TYPE_CHECKING:  # imported when a manager opens its client: `import smartnsq` stays light
+    import httpx
 
 _T = TypeVar("_T")
 
@@ -117,6 +119,8 @@ class LookupManager:
         self._client: httpx.AsyncClient | None = None
 
     async def __aenter__(self) -> LookupManager:
+        import httpx
+
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(self.timeout, connect=min(2.0, self.timeout)),
             limits=httpx.Limits(max_keepalive_connections=8),

@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-import mmh3
-
 from smartnsq.errors import InvalidArgument, InvalidType
 
 ShardingKey = bytes | str | int
@@ -31,8 +29,22 @@ def key_bytes(key: ShardingKey) -> bytes:
     raise InvalidType(f"sharding key must be bytes, str or int, not {type(key).__name__}")
 
 
+def _load_murmur3(key: bytes, seed: int = 0, signed: bool = True) -> int:
+    """Import mmh3 on the first keyed publish and put its hash in ``_murmur3`` for the next."""
+    global _murmur3
+    import mmh3
+
+    _murmur3 = mmh3.hash
+    return _murmur3(key, seed, signed)
+
+
+# mmh3.hash once the first key was hashed: `import smartnsq` does not import mmh3, and a keyed
+# publish pays one global lookup, as before, not an import.
+_murmur3: Callable[[bytes, int, bool], int] = _load_murmur3
+
+
 def go_partition(key: ShardingKey, partition_num: int) -> int:
-    return int(mmh3.hash(key_bytes(key), 0, signed=False)) % partition_num
+    return int(_murmur3(key_bytes(key), 0, False)) % partition_num
 
 
 def _int32(value: int) -> int:

@@ -17,8 +17,6 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import snappy  # type: ignore[import-untyped]
-
 from smartnsq import _checks
 from smartnsq._version import __version__
 from smartnsq.errors import ConnectFailed, InvalidArgument, ProtocolError, error_from_frame
@@ -314,6 +312,9 @@ class Handshake:
         if f.tls:  # nothing follows the IDENTIFY reply until the client starts TLS
             _expect_ok((yield StartTLS(_tls_context(cfg.tls), cfg.tls_hostname or self.host)))
         if f.snappy:
+            # imported here, once per connection that negotiates it: `import smartnsq` stays light
+            import snappy  # type: ignore[import-untyped]
+
             comp, decomp = snappy.StreamCompressor(), snappy.StreamDecompressor()
             _expect_ok((yield StartCompression(comp.add_chunk, decomp.decompress)))
         elif f.deflate:
