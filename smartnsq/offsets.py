@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import anyio
-import httpx
 
 from smartnsq._checks import check_addresses, check_bool, check_number
 from smartnsq.errors import (
@@ -46,6 +46,9 @@ from smartnsq.protocol.offsets import (
     setoffset_body,
     skip_for,
 )
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("smartnsq.offsets")
 
@@ -147,6 +150,8 @@ def _lookupds(addresses: Sequence[str]) -> list[str]:
 
 
 def _client(timeout: float) -> httpx.AsyncClient:
+    import httpx  # here, not at import time: `import smartnsq` stays light
+
     return httpx.AsyncClient(timeout=httpx.Timeout(min(timeout, 10.0), connect=2.0))
 
 
@@ -176,6 +181,8 @@ async def _request(
     params: dict[str, str],
     body: bytes | None = None,
 ) -> bytes:
+    import httpx
+
     try:
         r = await client.request(method, url, params=params, content=body, headers=ACCEPT)
     except httpx.HTTPError as exc:
