@@ -272,3 +272,57 @@ def expand_topic(
         return None
 
     return poll(f"{partitions} partitions of {topic} writable", writable, timeout)
+
+
+def node_id(cluster: Cluster, i: int) -> str:
+    """The coordinator's id of nsqd ``i`` (``ip:rpc_port:tcp_port:worker_id``), as the
+    lookupd admin endpoints name nodes."""
+    d = cluster.nsqd[i]
+    rpc = next(a.split("=", 1)[1] for a in d.argv if a.startswith("--rpc-port="))
+    worker = next(a.split("=", 1)[1] for a in d.argv if a.startswith("--worker-id="))
+    host, tcp = d.tcp.rsplit(":", 1)
+    return f"{host}:{rpc}:{tcp}:{worker}"
+
+
+def move_leader(
+    cluster: Cluster, topic: str, partition: int, to: int, timeout: float = 60.0
+) -> None:
+    """Move the leadership of a replicated partition to nsqd ``to`` (which must hold a
+    replica) with the leader lookupd's ``/topic/partition/move``, and wait until the read
+    lookup names it. Like an expansion, the move is refused while the lookupd thinks the
+    cluster unstable; re-posting the topic's create brings its check forward."""
+    leader = find_leader(cluster, timeout=timeout)
+    info = lookup(leader, topic, "r")
+    meta = info.get("meta") or {}
+    current = str(info["partitions"][str(partition)]["distributed_id"])
+    target = node_id(cluster, to)
+    if current == target:
+        raise ClusterError(f"nsqd {to} already leads {topic}:{partition}")
+    create = _create_url(
+        leader,
+        topic,
+        int(meta.get("partition_num") or 1),
+        int(meta.get("replica") or 1),
+        bool(meta.get("ordered")),
+        bool(meta.get("extend_support")),
+        bool(meta.get("multi_part")),
+    )
+    q = {"topic": topic, "partition": str(partition), "move_leader": "true"}
+    url = f"http://{leader}/topic/partition/move?" + urllib.parse.urlencode(
+        {**q, "move_from": current, "move_to": target}
+    )
+
+    def move() -> bool:
+        status, body = http_request(url, method="POST", timeout=30.0)
+        if status != 200:
+            http_request(create, method="POST", timeout=10.0)
+            raise ClusterError(f"POST {url} -> HTTP {status}: {body[:300]!r}")
+        return True
+
+    poll(f"leader of {topic}:{partition} moved to nsqd {to}", move, timeout)
+
+    def moved() -> bool:
+        parts = lookup(leader, topic, "r").get("partitions") or {}
+        return str((parts.get(str(partition)) or {}).get("distributed_id")) == target
+
+    poll(f"lookup naming nsqd {to} leader of {topic}:{partition}", moved, timeout)

@@ -14,7 +14,7 @@ import anyio.to_thread
 import pytest
 
 import smartnsq.sync
-from compat.youzan import create_topic, expand_topic
+from compat.youzan import create_topic, expand_topic, move_leader
 from smartnsq import Consumer, Message, Producer
 from smartnsq.ordered.sharding import go_partition
 from tests.helpers import lookupds, unique, wait_until
@@ -223,6 +223,56 @@ async def test_moved_leader_is_followed_by_producers_and_consumer(cluster_factor
     assert set(received.count) >= sent
     print(
         f"leader change: {len(sent)} acknowledged, {len(traffic.failed)} raised, "
+        f"{received.redeliveries()} redeliveries"
+    )
+    for stream in ("async-keyed", "sync-keyed"):
+        for body in traffic.ok[stream]:
+            key = body.rsplit(b":", 1)[1]
+            assert received.partition[body] == go_partition(key, 2), body
+
+
+async def test_leader_moved_by_the_admin_is_followed_without_waiting_for_a_poll(
+    youzan_cluster, anyio_backend
+):
+    """The lookupd moves partition 0's leader to the other nsqd (both stay up) while four
+    publishers and a consumer run with the default 60 s lookup poll: both follow it at once
+    (the old leader closes the consumer's connection and refuses publishes), nothing
+    acknowledged is lost and keys keep their partition."""
+    topic = unique("admv")
+    info = create_topic(
+        youzan_cluster, topic, partitions=2, replicas=2, multipart=True, channel="a"
+    )
+    port = info["partitions"]["0"]["tcp_port"]
+    other = next(i for i, d in enumerate(youzan_cluster.nsqd) if not d.tcp.endswith(f":{port}"))
+    lookupd = lookupds(youzan_cluster)
+    received = Received()
+    traffic = Traffic(topic, lookupd, timeout=30, max_retries=12)
+    async with Consumer(topic, "a", received.handle, lookupd_http_addresses=lookupd) as consumer:
+        await wait_until(lambda: consumer.stats().connections == 2, 30, "both partitions")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(traffic.run_async)
+            tg.start_soon(_run_in_thread, traffic.run_sync)
+            try:
+                await wait_until(lambda: all(len(v) >= 100 for v in traffic.ok.values()), 60)
+                await anyio.to_thread.run_sync(lambda: move_leader(youzan_cluster, topic, 0, other))
+                after = {s: len(v) for s, v in traffic.ok.items()}
+                # Well within the 60 s poll: only the move itself can have told them.
+                await wait_until(
+                    lambda: all(
+                        any(received.partition.get(b) == 0 for b in traffic.ok[s][after[s] :])
+                        for s in STREAMS
+                    ),
+                    30,
+                    "every stream on partition 0 after the move",
+                )
+            finally:  # the blocking publisher's thread cannot be cancelled
+                traffic.stop.set()
+        sent = traffic.acknowledged()
+        await wait_until(lambda: set(received.count) >= sent, 60, "every acknowledged message")
+
+    assert set(received.count) >= sent
+    print(
+        f"admin move: {len(sent)} acknowledged, {len(traffic.failed)} raised, "
         f"{received.redeliveries()} redeliveries"
     )
     for stream in ("async-keyed", "sync-keyed"):
