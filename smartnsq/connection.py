@@ -486,6 +486,12 @@ class Connection:
         is up; it raises ``ConnectionClosed`` once the transport is going down."""
         return self._link.write
 
+    @property
+    def raw_write_now(self) -> Callable[[bytes], None]:
+        """Like :attr:`raw_write`, but handed to the transport at once instead of coalesced
+        with later writes in the same loop pass: for answers nothing else will follow."""
+        return self._link.write_now
+
     def queue(self, data: bytes) -> None:
         """Send a command soon, coalesced with others; never blocks.
 

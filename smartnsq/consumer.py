@@ -126,7 +126,8 @@ class _Reader:
         self.conn = conn
         self.partition = partition
         self.ordered = ordered
-        self.write = conn.raw_write
+        # Ordered: nothing else to coalesce with; the partition waits for this very answer.
+        self.write = conn.raw_write_now if ordered else conn.raw_write
         youzan = conn.features.youzan
         # Deliveries left over from before a start position (see smartnsq.offsets).
         self.skip: Skip | None = None
@@ -778,8 +779,14 @@ class Consumer:
         reader.received += n
         self._received += n
         reader.last_message = reader.batch_time
-        if reader.rdy and reader.rdy_left <= reader.rdy >> 2 and not self._backoff_level:
-            reader.set_rdy(reader.rdy)  # top up before it runs dry
+        # Top up before it runs dry (not an ordered RDY 1: nsqd keeps it, as a window).
+        if (
+            reader.rdy
+            and reader.rdy_left <= reader.rdy >> 2
+            and not self._backoff_level
+            and not reader.ordered
+        ):
+            reader.set_rdy(reader.rdy)
         if reader.layout is _CLASSIC and not (
             self._stopping or self.auto_touch or self.trace.active
         ):

@@ -692,7 +692,8 @@ class ProducerCore(Generic[N]):
             nodes = layout.producers
             if not nodes:
                 raise NoNsqdAvailable(f"lookupd lists no nsqd for topic {topic!r}")
-            return self._take_turns(topic, [n.tcp_address for n in nodes]), partition
+            addresses = [n.tcp_address for n in nodes]
+            return addresses[self._take_turns(topic, addresses)], partition
         meta = layout.meta
         count = meta.partition_num if meta is not None and meta.partition_num else 0
         if key is not None:
@@ -716,25 +717,26 @@ class ProducerCore(Generic[N]):
         if not parts:
             raise NoNsqdAvailable(f"no partition of {topic!r} is writable right now")
         addresses = [layout.partitions[p].tcp_address for p in parts]
-        address = self._take_turns(topic, addresses)
-        return address, parts[addresses.index(address)]
+        # By position: one nsqd may lead several partitions, and each takes its turn.
+        i = self._take_turns(topic, addresses)
+        return addresses[i], parts[i]
 
-    def _take_turns(self, topic: str, addresses: list[str]) -> str:
-        """The next of ``addresses`` in turn, passing over nsqd that are down (unless all
-        are: then the next one anyway)."""
+    def _take_turns(self, topic: str, addresses: list[str]) -> int:
+        """The index of the next of ``addresses`` in turn, passing over nsqd that are down
+        (unless all are: then the next one anyway)."""
         i = self._rr.get(topic, 0)
         self._rr[topic] = i + 1
         n = len(addresses)
-        first = addresses[i % n]
-        node = self._by_address.get(first)
+        first = i % n
+        node = self._by_address.get(addresses[first])
         if node is None or not node.failures:
             return first
         now = self._now()
         for k in range(n):
-            address = addresses[(i + k) % n]
-            node = self._by_address.get(address)
+            j = (i + k) % n
+            node = self._by_address.get(addresses[j])
             if node is None or node.claim(now):
-                return address
+                return j
         return first
 
     def _direct_candidates(self) -> Iterator[N]:

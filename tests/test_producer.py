@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from smartnsq import Producer
 from smartnsq.errors import InvalidArgument, InvalidType, MessageTooLarge
+from smartnsq.lookup.model import Node, TopicLayout, TopicMeta
 
 
 def capture(**config: Any) -> tuple[Producer, list[bytes]]:
@@ -140,3 +141,13 @@ def test_publish_sends_the_bytes_of_a_bytes_like_body(body):
     anyio.run(producer.publish, "t", body)
     raw = as_bytes(body)
     assert sent == [b"PUB t\n" + struct.pack(">I", len(raw)) + raw]
+
+
+def test_round_robin_gives_every_partition_its_turn_when_one_nsqd_leads_several():
+    """Unkeyed publishes take turns over partitions, not nsqd: partitions 0 and 2 on one
+    nsqd each get a third (by address, partition 2 never got a message)."""
+    a, b = Node("127.0.0.1", 4150), Node("127.0.0.1", 4250)
+    layout = TopicLayout((a, b), {0: a, 1: b, 2: a}, TopicMeta(partition_num=3))
+    producer = Producer(lookupd_http_addresses=["127.0.0.1:4161"])
+    picks = [producer._pick("t", None, None, layout) for _ in range(6)]
+    assert sorted(picks) == sorted([(a.tcp_address, 0), (b.tcp_address, 1), (a.tcp_address, 2)] * 2)

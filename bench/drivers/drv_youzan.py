@@ -24,18 +24,24 @@ partition leader is connected), then stop after --n messages or --seconds.
 Every workload prints one line ``RESULT {json}`` with n, warmup, elapsed
 (seconds), rate (messages per second) and cpu (this process's CPU seconds
 during the timed part); ``consume`` adds handled (handler calls, redeliveries
-included).  ``consume`` is timed from just before the Consumer is created to
-the handler call that sees the --n-th distinct message; it then lets the loop
-run 0.5 s more so the last FINs are written, and exits.
+included) and, on ordered subscriptions, rtt_us: the median per-partition round
+trip (time between two handler calls on one partition, median per partition,
+then the median of those) and rtt_us_per_partition.  ``consume`` is timed from
+just before the Consumer is created to the handler call that sees the --n-th
+distinct message; it then lets the loop run 0.5 s more so the last FINs are
+written, and exits.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
+import statistics
 import sys
 import time
+from typing import Any
 
 from smartnsq import Consumer, Message, Producer
 
@@ -58,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def emit(n: int, warmup: int, elapsed: float, cpu: float, error: str | None, **extra: int) -> None:
+def emit(n: int, warmup: int, elapsed: float, cpu: float, error: str | None, **extra: Any) -> None:
     d = {
         "n": n,
         "warmup": warmup,
@@ -136,12 +142,15 @@ async def consume(a: argparse.Namespace) -> None:
     t_end = 0.0
     cpu_end = 0.0
 
+    arrivals: dict[int | None, list[float]] = {}  # partition -> handler call times
+
     async def handler(message: Message) -> None:
         nonlocal distinct, handled, t_end, cpu_end
         handled += 1
         off = message.offset  # set on ordered subscriptions: a redelivery repeats one
         if off is not None:
             part = message.partition
+            arrivals.setdefault(part, []).append(time.perf_counter())
             if off <= last.get(part, -1):
                 return
             last[part] = off
@@ -161,7 +170,21 @@ async def consume(a: argparse.Namespace) -> None:
     except Exception as e:
         err = repr(e)
         t_end, cpu_end = time.monotonic(), time.process_time()
-    emit(distinct, 0, t_end - t0, cpu_end - cpu0, err, handled=handled)
+    emit(distinct, 0, t_end - t0, cpu_end - cpu0, err, handled=handled, **round_trips(arrivals))
+
+
+def round_trips(arrivals: dict[int | None, list[float]]) -> dict[str, Any]:
+    """An ordered partition has one message in flight: the time between two handler calls
+    on it is its round trip (FIN out, next message in, handed over). Median per partition,
+    in microseconds; ``rtt_us`` is the median of those."""
+    per = []
+    for times in arrivals.values():
+        gaps = sorted(b - a for a, b in itertools.pairwise(times))
+        if gaps:
+            per.append(round(gaps[len(gaps) // 2] * 1e6, 1))
+    if not per:
+        return {}
+    return {"rtt_us": statistics.median(per), "rtt_us_per_partition": sorted(per)}
 
 
 def main() -> None:

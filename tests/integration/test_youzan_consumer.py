@@ -14,6 +14,7 @@ from compat.youzan import create_topic
 from smartnsq import Consumer, Message, Producer
 from smartnsq.errors import SubOrderRequired
 from smartnsq.trace import JsonFormatter
+from smartnsq.transport import AsyncioLink
 from tests.helpers import lookupds, unique, wait_until
 
 pytestmark = [
@@ -120,14 +121,84 @@ async def test_blocked_ordered_partition_is_reported_and_holds_the_rest(
             await done.wait()
 
     # Nothing after the failing message arrived until it was finally handled.
-    # (The fork delivers the first message of a new ordered channel twice: attempts repeat.)
     firsts = [a for body, a in handled if body == b"first"]
-    assert firsts == sorted(firsts) and set(firsts) == {1, 2, 3, 4}
+    assert firsts == [1, 2, 3, 4]
     second_at = [body for body, _ in handled].index(b"second")
     assert all(body == b"first" for body, _ in handled[:second_at])
     assert sorted({a for body, a in blocked if body == b"first"}) == [2, 3, 4]
     levels = {r.levelno for r in caplog.records if "is blocked" in r.getMessage()}
     assert levels == {logging.WARNING, logging.ERROR}
+
+
+async def test_ordered_channel_created_ahead_delivers_the_first_message_once(
+    youzan_cluster, anyio_backend
+):
+    """create_topic sets the channel's order before anything is published; else the fork,
+    turning the channel ordered on the first SUB_ORDERED, delivers its first message twice."""
+    topic = unique("first")
+    create_topic(youzan_cluster, topic, partitions=1, replicas=1, ordered=True, channel="ch")
+    bodies = [b"m%d" % i for i in range(5)]
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        for body in bodies:
+            await producer.publish(topic, body, sharding_key="k")
+    got: list[tuple[bytes, int]] = []
+    done = anyio.Event()
+
+    def handle(message: Message) -> None:
+        got.append((message.body, message.attempts))
+        if message.body == bodies[-1]:
+            done.set()
+
+    async with Consumer(topic, "ch", handle, lookupd_http_addresses=lookupds(youzan_cluster)):
+        with anyio.fail_after(30):
+            await done.wait()
+    assert got == [(body, 1) for body in bodies]
+
+
+async def test_ordered_answers_leave_at_once_without_rdy_top_ups(
+    youzan_cluster, anyio_backend, monkeypatch
+):
+    """One message in flight per ordered partition: each FIN goes to the socket as soon as
+    the handler returns (not after another loop pass, coalesced with nothing), and no RDY is
+    re-sent per message (nsqd's RDY is a window, not a credit)."""
+    topic = unique("fast")
+    create_topic(youzan_cluster, topic, partitions=2, replicas=1, ordered=True, channel="ch")
+    n = 200
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        for i in range(n):
+            await producer.publish(topic, b"%d" % i, sharding_key=i % 10)
+    deferred: list[bytes] = []
+    at_once: list[bytes] = []
+    write, write_now = AsyncioLink.write, AsyncioLink.write_now
+
+    def record_write(self: AsyncioLink, data: bytes) -> None:
+        deferred.append(data)
+        write(self, data)
+
+    def record_write_now(self: AsyncioLink, data: bytes) -> None:
+        at_once.append(data)
+        write_now(self, data)
+
+    monkeypatch.setattr(AsyncioLink, "write", record_write)
+    monkeypatch.setattr(AsyncioLink, "write_now", record_write_now)
+    got: set[bytes] = set()
+    done = anyio.Event()
+
+    async def handle(message: Message) -> None:
+        got.add(message.body)
+        if len(got) == n:
+            done.set()
+
+    async with Consumer(
+        topic, "ch", handle, lookupd_http_addresses=lookupds(youzan_cluster), max_in_flight=8
+    ):
+        with anyio.fail_after(30):
+            await done.wait()
+    fins_deferred = [d for d in deferred if d.startswith(b"FIN ")]
+    fins_at_once = [d for d in at_once if d.startswith(b"FIN ")]
+    assert not fins_deferred and len(fins_at_once) >= n
+    rdys = [d for d in deferred + at_once if d.startswith(b"RDY ")]
+    assert len(rdys) < 20, f"{len(rdys)} RDY commands for {n} messages"
 
 
 async def test_unordered_partitioned_topic_consumes_everything(youzan_cluster, anyio_backend):
