@@ -39,11 +39,16 @@ MAX_IN_FLIGHT = 6
 WORKER = textwrap.dedent(
     """
     import logging
+    import signal
     import sys
 
     import anyio
 
     import smartnsq
+
+    # As if started from a terminal: a child of a background job (CI runs the suite as one)
+    # inherits SIGINT ignored, and Python then never raises KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     mode, backend, nsqd, topic, channel = sys.argv[1:6]
     handler_seconds, stop_timeout = float(sys.argv[6]), float(sys.argv[7])
