@@ -99,6 +99,16 @@ class Feed:
         self._loop.portal.call(self.held.update, out)
         return out
 
+    def pause(self) -> None:
+        """RDY 0 on every connection. Sent before the last FINs, it keeps nsqd from sending
+        more to a reader that is about to close: messages still on their way when the
+        connection closes would stay in flight in nsqd until their timeout."""
+        self._loop.portal.call(self._pause)
+
+    def _pause(self) -> None:
+        for consumer in self.consumers:
+            consumer.set_max_in_flight(0)
+
     def finish(self, messages: Iterable[Message]) -> None:
         """FIN ``messages`` (on the loop thread, where the connections live)."""
         self._loop.portal.call(self._answer, list(messages), True)

@@ -225,6 +225,8 @@ class NsqBatchReader(DataSourceReader):
                     break
                 left -= len(taken)
                 yield to_batch(taken, settings.topic, self.schema)
+                if left <= 0:
+                    feed.pause()  # before the FINs, which would open the RDY window again
                 # Spark has taken the rows: the messages are consumed.
                 feed.finish(taken)
         finally:
