@@ -519,6 +519,9 @@ class Consumer:
         # Messages whose sync handler returned an awaitable that is being awaited.
         self._awaiting: set[Message] = set()
         self._fin_readers: dict[int, _Reader] = {}  # thread index -> reader its FINs are for
+        # Classic reads go here whole, unanswered, instead of to the handler (see
+        # _set_raw_sink); None: the handler gets them.
+        self._raw_sink: Callable[[_Reader, bytes, list[Span]], None] | None = None
         self._lookup_failures = 0
         self._failures: dict[Target, int] = {}  # failed connection attempts in a row
         self._received = self._finished = self._requeued = self._discarded = 0
@@ -790,6 +793,13 @@ class Consumer:
         if reader.layout is _CLASSIC and not (
             self._stopping or self.auto_touch or self.trace.active
         ):
+            sink = self._raw_sink
+            if sink is not None:
+                for _, start, end in spans:
+                    if end - start < 26:
+                        raise ProtocolError(f"message frame too short ({end - start} bytes)")
+                sink(reader, src, spans)
+                return
             pool = self._pool
             if pool is not None:
                 # Sync handler: the whole read to the handler threads, which build the
@@ -1015,6 +1025,36 @@ class Consumer:
         if self._backoff_level:
             for _ in range(n):
                 self._backoff_result(success=True)
+
+    # -- raw reads (smartnsq.spark's Feed) --------------------------------------------------------
+
+    def _set_raw_sink(self, sink: Callable[[_Reader, bytes, list[Span]], None]) -> None:
+        """Hand classic reads to ``sink`` on the loop: the reader, the read buffer and its
+        message frames' spans, each frame's data being ``[timestamp][attempts][id][body]``.
+        No Message is made and nothing is answered or counted against ``max_attempts``: the
+        caller answers every id with :meth:`_write_fins` or :meth:`_write_requeues`, on the
+        loop. Messages that arrive while the consumer stops go to the handler as usual."""
+        self._raw_sink = sink
+
+    def _write_requeues(self, reader: _Reader, ids: list[bytes]) -> None:
+        """REQ ``ids`` (received on ``reader``) for redelivery now, in one write."""
+        n = len(ids)
+        reader.in_flight -= n
+        try:
+            reader.write(b"REQ " + b" 0\nREQ ".join(ids) + b" 0\n")
+        except ConnectionClosed:
+            log.debug(
+                "could not requeue %d messages: connection to %s is gone; nsqd will redeliver",
+                n,
+                reader.address,
+            )
+        else:
+            self._requeued += n
+
+    def _write_touches(self, reader: _Reader, ids: list[bytes]) -> None:
+        """TOUCH ``ids`` (received on ``reader``) in one write."""
+        with contextlib.suppress(ConnectionClosed):
+            reader.write(b"TOUCH " + b"\nTOUCH ".join(ids) + b"\n")
 
     def _on_loop(self) -> bool:
         return threading.get_ident() == self._thread

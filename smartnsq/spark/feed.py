@@ -4,6 +4,10 @@ Spark calls the reader from a plain thread; the Consumer runs on this process's 
 thread (see :mod:`smartnsq.spark.loop`). Messages wait in a buffer, unanswered, until the
 caller takes them; the caller FINs them when Spark no longer needs them. Everything received
 and not yet FINed is TOUCHed regularly so that nsqd does not hand it to someone else.
+
+Classic reads are kept as they came (the read buffer and its frames' spans): no Message is
+made for them, and the rows are cut straight from the buffer. Messages of other kinds (Youzan)
+come through the handler as Messages.
 """
 
 from __future__ import annotations
@@ -11,22 +15,61 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import deque
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from smartnsq.consumer import Consumer
 from smartnsq.errors import NSQError
 from smartnsq.message import Message
+from smartnsq.protocol.frames import Span
 from smartnsq.spark import loop
 from smartnsq.spark.options import Settings
+
+if TYPE_CHECKING:
+    from smartnsq.consumer import _Reader
 
 DEFAULT_TOUCH_INTERVAL = 10.0  # well under nsqd's default --msg-timeout of 60 s
 # nsqd lets one connection hold at most --max-rdy-count (default 2500) messages in flight;
 # a Spark batch is made of messages held at once, so big batches need several subscriptions.
 RDY_PER_CONNECTION = 2500
-MAX_SUBSCRIPTIONS = 32
+MAX_SUBSCRIPTIONS = 64
+
+# One classic read: the connection's reader, the read buffer, its message frames' spans.
+Raw = tuple["_Reader", bytes, list[Span]]
+
+
+def raw_ids(src: bytes, spans: list[Span]) -> list[bytes]:
+    """The message ids of a classic read's frames."""
+    return [src[start + 10 : start + 26] for _, start, _ in spans]
+
+
+class Taken:
+    """Messages taken from a :class:`Feed` together: classic reads as they came, and
+    decoded messages."""
+
+    __slots__ = ("count", "messages", "raw")
+
+    def __init__(self) -> None:
+        self.raw: list[Raw] = []
+        self.messages: list[Message] = []
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def add(self, item: Raw | Message) -> None:
+        if isinstance(item, tuple):
+            self.raw.append(item)
+            self.count += len(item[2])
+        else:
+            self.messages.append(item)
+            self.count += 1
+
+    def raw_by_reader(self) -> Iterator[tuple[_Reader, list[bytes]]]:
+        for reader, src, spans in self.raw:
+            yield reader, raw_ids(src, spans)
 
 
 class Feed:
@@ -49,10 +92,15 @@ class Feed:
             Consumer(settings.topic, settings.channel, self._on_message, **kwargs)
             for _ in range(count)
         ]
-        self.buffer: deque[Message] = deque()
+        for consumer in self.consumers:
+            consumer._set_raw_sink(self._on_raw)
+        # Raw reads and Messages in arrival order; only take() removes from the left.
+        self.buffer: deque[Raw | Message] = deque()
         self.arrived = threading.Event()
         self._closing = False
-        self.held: set[Message] = set()  # taken, not yet answered; touched with the buffer
+        # Batches taken and not yet answered (touched with the buffer); a batch leaves as a
+        # whole when it is answered, so there is no per-message bookkeeping.
+        self.held: list[Taken] = []
         interval = settings.touch_interval
         if interval is None:
             timeout = dict(settings.client).get("msg_timeout")
@@ -64,31 +112,53 @@ class Feed:
             cm.__enter__()
         self._toucher = self._loop.portal.start_task_soon(self._touch_loop)
 
+    def _arrived(self) -> None:
+        # Event.set takes a lock and notifies every time: only wake a waiter that cleared it.
+        # take() clears it before it looks at the buffer, so no message is missed.
+        if not self.arrived.is_set():
+            self.arrived.set()
+
+    def _on_raw(self, reader: _Reader, src: bytes, spans: list[Span]) -> None:
+        if self._closing:  # arrived after close() gave everything back: give it back too
+            reader.consumer._write_requeues(reader, raw_ids(src, spans))
+            return
+        self.buffer.append((reader, src, spans))
+        self._arrived()
+
     async def _on_message(self, msg: Message) -> None:
         # async: it runs on the loop (a plain def handler would get a worker thread)
         msg.disable_auto_response()
-        if self._closing:  # arrived after close() gave everything back: give it back too
+        if self._closing:
             with contextlib.suppress(NSQError):
                 msg.requeue(0, backoff=False)
             return
         self.buffer.append(msg)
-        self.arrived.set()
+        self._arrived()
 
     def _close_gate(self) -> None:
         self._closing = True
+        # RDY 0 first: what is given back below would otherwise come straight back to us.
+        self._pause()
 
-    def take(self, limit: int, first_wait: float, gap: float) -> list[Message]:
+    def take(self, limit: int, first_wait: float, gap: float) -> Taken:
         """Up to ``limit`` messages: waits ``first_wait`` for the first one, then stops once
         none came for ``gap`` seconds or nsqd will send no more (every RDY is used)."""
-        out: list[Message] = []
+        out = Taken()
         buffer = self.buffer
         wait = first_wait
-        while len(out) < limit:
-            while buffer and len(out) < limit:
-                out.append(buffer.popleft())
-            if len(out) >= limit:
+        while out.count < limit:
+            while buffer and out.count < limit:
+                item = buffer.popleft()
+                room = limit - out.count
+                if isinstance(item, tuple) and len(item[2]) > room:
+                    # split the read: the rest goes back, first in line
+                    reader, src, spans = item
+                    buffer.appendleft((reader, src, spans[room:]))
+                    item = (reader, src, spans[:room])
+                out.add(item)
+            if out.count >= limit:
                 break
-            if out and all(c.is_starved() for c in self.consumers):
+            if out.count and all(c.is_starved() for c in self.consumers):
                 break
             self.arrived.clear()
             if buffer:
@@ -96,7 +166,8 @@ class Feed:
             if not self.arrived.wait(wait):
                 break
             wait = gap
-        self._loop.portal.call(self.held.update, out)
+        if out.count:
+            self._loop.portal.call(self.held.append, out)
         return out
 
     def pause(self) -> None:
@@ -109,42 +180,57 @@ class Feed:
         for consumer in self.consumers:
             consumer.set_max_in_flight(0)
 
-    def finish(self, messages: Iterable[Message]) -> None:
-        """FIN ``messages`` (on the loop thread, where the connections live)."""
-        self._loop.portal.call(self._answer, list(messages), True)
+    def finish(self, batches: Iterable[Taken]) -> None:
+        """FIN every message of ``batches``, as returned by :meth:`take` (on the loop
+        thread, where the connections live)."""
+        self._loop.portal.call(self._answer, list(batches), True)
 
-    def requeue(self, messages: Iterable[Message]) -> None:
-        """Give ``messages`` back to nsqd for immediate redelivery."""
-        self._loop.portal.call(self._answer, list(messages), False)
+    def requeue(self, batches: Iterable[Taken]) -> None:
+        """Give the messages of ``batches`` back to nsqd for immediate redelivery."""
+        self._loop.portal.call(self._answer, list(batches), False)
 
-    def _answer(self, messages: list[Message], fin: bool) -> None:
-        for msg in messages:
-            self.held.discard(msg)
-            if msg.has_responded:
-                continue
-            try:
+    def _answer(self, batches: list[Taken], fin: bool) -> None:
+        self.held = [held for held in self.held if not any(held is b for b in batches)]
+        for batch in batches:
+            for reader, ids in batch.raw_by_reader():
                 if fin:
-                    msg.finish()
+                    reader.consumer._write_fins(reader, ids)
                 else:
-                    msg.requeue(0, backoff=False)
-            except NSQError:
-                pass  # its connection is gone: nsqd redelivers it, which is what we want
+                    reader.consumer._write_requeues(reader, ids)
+            for msg in batch.messages:
+                if msg.has_responded:
+                    continue
+                try:
+                    if fin:
+                        msg.finish()
+                    else:
+                        msg.requeue(0, backoff=False)
+                except NSQError:
+                    pass  # its connection is gone: nsqd redelivers it, which is what we want
 
     async def _touch_loop(self) -> None:
         while True:
             await anyio.sleep(self.touch_interval)
-            for msg in [*self.held, *list(self.buffer)]:
-                if not msg.has_responded:
-                    with contextlib.suppress(NSQError):
-                        msg.touch()
+            waiting = Taken()
+            for item in list(self.buffer):
+                waiting.add(item)
+            for batch in [*self.held, waiting]:
+                for reader, ids in batch.raw_by_reader():
+                    reader.consumer._write_touches(reader, ids)
+                for msg in batch.messages:
+                    if not msg.has_responded:
+                        with contextlib.suppress(NSQError):
+                            msg.touch()
 
     def close(self) -> None:
         """Give back everything still buffered or held, then stop the Consumer."""
         self._toucher.cancel()
-        # From now on a message that arrives (the consumers' RDY is still open until they
-        # stop) is requeued as it comes; otherwise it would sit in flight until its timeout.
+        # From now on a message that arrives (sent before nsqd saw RDY 0) is requeued as it
+        # comes; otherwise it would sit in flight until its timeout.
         self._loop.portal.call(self._close_gate)
-        self.requeue([*self.held, *self.buffer])
-        self.buffer.clear()
+        rest = Taken()
+        while self.buffer:
+            rest.add(self.buffer.popleft())
+        self.requeue([*self.held, rest])
         for cm in self._cms:
             cm.__exit__(None, None, None)

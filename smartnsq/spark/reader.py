@@ -9,7 +9,8 @@ that held it: at least once, never lost.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import struct
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ from pyspark.sql.types import (
 
 from smartnsq.errors import InvalidArgument
 from smartnsq.message import Message
-from smartnsq.spark.feed import Feed
+from smartnsq.spark.feed import Feed, Raw, Taken, raw_ids
 from smartnsq.spark.options import Settings
 from smartnsq.spark.source import SCHEMA
 
@@ -88,35 +89,90 @@ def to_batch(messages: list[Message], topic: str, schema: StructType) -> pa.Reco
     """Rows for ``messages`` as one Arrow batch in exactly the layout Spark expects."""
     # A Youzan message says its partition; a classic one has none (and a hex-text id).
     youzan = [m.partition is not None for m in messages]
-    columns: dict[str, Any] = {
-        "value": lambda: [m.body for m in messages],
-        "topic": lambda: [topic] * len(messages),
-        "partition": lambda: [m.partition for m in messages],
-        "offset": lambda: [m.offset for m in messages],
-        "timestamp": lambda: [m.timestamp // 1000 for m in messages],
-        "attempts": lambda: [m.attempts for m in messages],
-        "id": lambda: [
-            m.id.hex() if y else m.id.decode("ascii", "replace")
-            for m, y in zip(messages, youzan, strict=True)
-        ],
-        "trace_id": lambda: [
-            _signed(m.trace_id) if y else None for m, y in zip(messages, youzan, strict=True)
-        ],
-        "headers": lambda: [
-            _headers(m) if y else None for m, y in zip(messages, youzan, strict=True)
-        ],
-        "nsqd": lambda: [m.nsqd_address for m in messages],
+    n = len(messages)
+    columns: dict[str, Callable[[pa.DataType], pa.Array]] = {
+        "value": lambda t: pa.array([m.body for m in messages], type=t),
+        "topic": lambda t: pa.repeat(pa.scalar(topic, type=t), n),
+        "partition": lambda t: pa.array([m.partition for m in messages], type=t),
+        "offset": lambda t: pa.array([m.offset for m in messages], type=t),
+        "timestamp": lambda t: pa.array(
+            [m.timestamp for m in messages], type=pa.timestamp("ns", tz="UTC")
+        ).cast(t, safe=False),
+        "attempts": lambda t: pa.array([m.attempts for m in messages], type=t),
+        "id": lambda t: pa.array(
+            [
+                m.id.hex() if y else m.id.decode("ascii", "replace")
+                for m, y in zip(messages, youzan, strict=True)
+            ],
+            type=t,
+        ),
+        "trace_id": lambda t: pa.array(
+            [_signed(m.trace_id) if y else None for m, y in zip(messages, youzan, strict=True)],
+            type=t,
+        ),
+        "headers": lambda t: pa.array(
+            [_headers(m) if y else None for m, y in zip(messages, youzan, strict=True)], type=t
+        ),
+        "nsqd": lambda t: pa.array([m.nsqd_address for m in messages], type=t),
     }
     pa_schema = to_arrow_schema(schema, timezone="UTC")
-    arrays = [pa.array(columns[f.name](), type=f.type) for f in pa_schema]
+    arrays = [columns[f.name](f.type) for f in pa_schema]
     return pa.RecordBatch.from_arrays(arrays, schema=pa_schema)
 
 
-def _batches(messages: list[Message], topic: str, schema: StructType) -> list[pa.RecordBatch]:
-    return [
+_unpack_head = struct.Struct(">qH").unpack_from  # a classic frame: timestamp, attempts
+
+
+def raw_batch(raw: list[Raw], topic: str, schema: StructType) -> pa.RecordBatch:
+    """Rows for classic reads (see :class:`~smartnsq.spark.feed.Taken`), cut straight from
+    the read buffers; the same layout as :func:`to_batch`."""
+    bodies: list[bytes] = []
+    ids: list[bytes] = []
+    heads: list[tuple[int, int]] = []
+    nsqd: list[str] = []
+    for reader, src, spans in raw:
+        bodies += [src[lo + 26 : hi] for _, lo, hi in spans]
+        ids += raw_ids(src, spans)
+        heads += [_unpack_head(src, lo) for _, lo, _ in spans]
+        nsqd += [reader.address] * len(spans)
+    n = len(bodies)
+    stamps, attempts = zip(*heads, strict=True) if heads else ((), ())
+    given: dict[str, Callable[[pa.DataType], pa.Array]] = {
+        "value": lambda t: pa.array(bodies, type=t),
+        "topic": lambda t: pa.repeat(pa.scalar(topic, type=t), n),
+        "timestamp": lambda t: pa.array(stamps, type=pa.timestamp("ns", tz="UTC")).cast(
+            t, safe=False
+        ),
+        "attempts": lambda t: pa.array(attempts, type=t),
+        "id": lambda t: _text_ids(ids, t),
+        "nsqd": lambda t: pa.array(nsqd, type=t),
+    }
+    pa_schema = to_arrow_schema(schema, timezone="UTC")
+    # No partition, offset, trace id or headers on classic nsqd: nulls.
+    arrays = [given[f.name](f.type) if f.name in given else pa.nulls(n, f.type) for f in pa_schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=pa_schema)
+
+
+def _text_ids(ids: list[bytes], t: pa.DataType) -> pa.Array:
+    # nsqd's ids are hex text already: checked as UTF-8 by Arrow, not decoded one by one
+    try:
+        return pa.array(ids, type=pa.binary()).cast(t)
+    except pa.ArrowInvalid:
+        return pa.array([i.decode("ascii", "replace") for i in ids], type=t)
+
+
+def to_batches(taken: Taken, topic: str, schema: StructType) -> list[pa.RecordBatch]:
+    """Rows for everything ``taken``, in batches of at most ``_ROWS_PER_BATCH``."""
+    out: list[pa.RecordBatch] = []
+    if taken.raw:
+        whole = raw_batch(taken.raw, topic, schema)
+        out += [whole.slice(i, _ROWS_PER_BATCH) for i in range(0, len(whole), _ROWS_PER_BATCH)]
+    messages = taken.messages
+    out += [
         to_batch(messages[i : i + _ROWS_PER_BATCH], topic, schema)
         for i in range(0, len(messages), _ROWS_PER_BATCH)
     ]
+    return out
 
 
 class NsqStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -132,7 +188,7 @@ class NsqStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
         self.settings = settings
         self.schema = schema
         self._feed: Feed | None = None
-        self._held: list[tuple[int, list[Message]]] = []  # (end seq, messages), oldest first
+        self._held: list[tuple[int, Taken]] = []  # (end seq, messages), oldest first
         self._available_now = False
 
     def __getstate__(self) -> dict[str, Any]:
@@ -141,9 +197,10 @@ class NsqStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def _started(self) -> Feed:
         if self._feed is None:
-            # One batch held by Spark, and room to receive the next meanwhile.
+            # One batch held by Spark and the next one received meanwhile, so a read finds
+            # its messages waiting (with room for one batch, it waited for them to arrive).
             per = self.settings.max_per_trigger
-            self._feed = Feed(self.settings, per + min(per, 2500))
+            self._feed = Feed(self.settings, 2 * per + min(per, 2500))
         return self._feed
 
     def initialOffset(self) -> dict[str, int]:
@@ -168,7 +225,7 @@ class NsqStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
         end = seq + len(taken)
         self._held.append((end, taken))
         assert settings.topic is not None
-        return iter(_batches(taken, settings.topic, self.schema)), {"seq": end}
+        return iter(to_batches(taken, settings.topic, self.schema)), {"seq": end}
 
     def readBetweenOffsets(
         self, start: dict[str, int], end: dict[str, int]
@@ -185,7 +242,7 @@ class NsqStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
         done = [msgs for end, msgs in self._held if end <= seq]
         if done and self._feed is not None:
             self._held = [(end, msgs) for end, msgs in self._held if end > seq]
-            self._feed.finish(m for msgs in done for m in msgs)
+            self._feed.finish(done)
 
     def stop(self) -> None:
         if self._feed is not None:
@@ -224,10 +281,10 @@ class NsqBatchReader(DataSourceReader):
                 if not taken:
                     break
                 left -= len(taken)
-                yield to_batch(taken, settings.topic, self.schema)
+                yield from to_batches(taken, settings.topic, self.schema)
                 if left <= 0:
                     feed.pause()  # before the FINs, which would open the RDY window again
                 # Spark has taken the rows: the messages are consumed.
-                feed.finish(taken)
+                feed.finish([taken])
         finally:
             feed.close()
