@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Sized
+from contextlib import AbstractContextManager
 from typing import Any
 
 from opentelemetry import trace
@@ -128,24 +129,37 @@ def uninstrument(client: Producer | SyncProducer | Consumer | SyncConsumer) -> N
 # -- producers -----------------------------------------------------------------------------------
 
 
-def _publish_attributes(
-    topic: str, operation: str, kwargs: dict[str, Any], count: int | None
-) -> dict[str, Any]:
+def _publish_span(
+    tracer: Tracer,
+    topic: str,
+    kwargs: dict[str, Any],
+    *,
+    body: object = None,
+    bodies: object = None,
+) -> AbstractContextManager[Span]:
+    """The PRODUCER span of one publish (``body``) or publish_many (``bodies``) call, for
+    the async and the blocking producer alike."""
     attributes: dict[str, Any] = {
         "messaging.system": "nsq",
         "messaging.destination.name": topic,
         "messaging.operation.type": "send",
-        "messaging.operation.name": operation,
+        "messaging.operation.name": "publish",
     }
-    if count is not None:
-        attributes["messaging.batch.message_count"] = count
+    if bodies is not None:
+        count = _batch_size(bodies)
+        if count is not None:
+            attributes["messaging.batch.message_count"] = count
+    elif isinstance(body, Sized):
+        attributes["messaging.message.body.size"] = len(body)
     partition = kwargs.get("partition")
     if isinstance(partition, int):
         attributes["messaging.destination.partition.id"] = str(partition)
     trace_id = kwargs.get("trace_id")
     if isinstance(trace_id, int):
         attributes[TRACE_ID] = str(trace_id)
-    return attributes
+    return tracer.start_as_current_span(
+        f"publish {topic}", kind=SpanKind.PRODUCER, attributes=attributes
+    )
 
 
 def _on_result(span: Span, result: PublishResult | list[PublishResult] | None) -> None:
@@ -173,12 +187,7 @@ def _instrument_async_producer(producer: Producer, tracer: Tracer) -> None:
 
     @functools.wraps(publish)
     async def traced_publish(topic: str, body: bytes, **kwargs: Any) -> PublishResult | None:
-        attributes = _publish_attributes(topic, "publish", kwargs, None)
-        if isinstance(body, Sized):
-            attributes["messaging.message.body.size"] = len(body)
-        with tracer.start_as_current_span(
-            f"publish {topic}", kind=SpanKind.PRODUCER, attributes=attributes
-        ) as span:
+        with _publish_span(tracer, topic, kwargs, body=body) as span:
             result = await publish(topic, body, **kwargs)
             _on_result(span, result)
             return result
@@ -187,10 +196,7 @@ def _instrument_async_producer(producer: Producer, tracer: Tracer) -> None:
     async def traced_publish_many(
         topic: str, bodies: Any, **kwargs: Any
     ) -> list[PublishResult] | None:
-        attributes = _publish_attributes(topic, "publish", kwargs, _batch_size(bodies))
-        with tracer.start_as_current_span(
-            f"publish {topic}", kind=SpanKind.PRODUCER, attributes=attributes
-        ) as span:
+        with _publish_span(tracer, topic, kwargs, bodies=bodies) as span:
             results = await publish_many(topic, bodies, **kwargs)
             _on_result(span, results)
             return results
@@ -204,22 +210,14 @@ def _instrument_sync_producer(producer: SyncProducer, tracer: Tracer) -> None:
 
     @functools.wraps(publish)
     def traced_publish(topic: str, body: bytes, **kwargs: Any) -> PublishResult | None:
-        attributes = _publish_attributes(topic, "publish", kwargs, None)
-        if isinstance(body, Sized):
-            attributes["messaging.message.body.size"] = len(body)
-        with tracer.start_as_current_span(
-            f"publish {topic}", kind=SpanKind.PRODUCER, attributes=attributes
-        ) as span:
+        with _publish_span(tracer, topic, kwargs, body=body) as span:
             result = publish(topic, body, **kwargs)
             _on_result(span, result)
             return result
 
     @functools.wraps(publish_many)
     def traced_publish_many(topic: str, bodies: Any, **kwargs: Any) -> list[PublishResult] | None:
-        attributes = _publish_attributes(topic, "publish", kwargs, _batch_size(bodies))
-        with tracer.start_as_current_span(
-            f"publish {topic}", kind=SpanKind.PRODUCER, attributes=attributes
-        ) as span:
+        with _publish_span(tracer, topic, kwargs, bodies=bodies) as span:
             results = publish_many(topic, bodies, **kwargs)
             _on_result(span, results)
             return results
