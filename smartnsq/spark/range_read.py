@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import select
-import socket
 import struct
 import time
 import uuid
@@ -92,13 +91,12 @@ def _read(
     schema: pa.Schema,
 ) -> Iterator[pa.RecordBatch]:
     config = dataclasses.replace(config, extend_support=True if info.ext else None)
-    conn = SyncConnection.open(info.nsqd, config, config.connect_timeout)
     # The connection is ours alone from here on: a plain read loop, no request queue.
-    sock: socket.socket = conn._sock
-    sock.settimeout(STALL_TIMEOUT)  # blocking sends whatever the connection chose
-    decoder = conn._decoder
-    compress: Callable[[bytes], bytes] = conn._compress or _same
-    decompress: Callable[[bytes], bytes] = conn._decompress or _same
+    own = SyncConnection.open(info.nsqd, config, config.connect_timeout).detach(STALL_TIMEOUT)
+    sock = own.sock
+    decoder = own.decoder
+    compress: Callable[[bytes], bytes] = own.compress or _same
+    decompress: Callable[[bytes], bytes] = own.decompress or _same
     layout = MessageLayout(binary_id=True, ext=True, offset=True)
     unpack = _PLAIN.unpack_from
     try:
@@ -165,13 +163,13 @@ def _read(
                         out.append(commands.NOP)
                     elif payload == OK and not subscribed:
                         subscribed = True
-                        out.append(commands.rdy(conn.features.max_rdy_count))
+                        out.append(commands.rdy(own.features.max_rdy_count))
             if out and not done:
                 sock.sendall(compress(b"".join(out)))
         if len(rows):
             yield to_batch(rows, info, schema)
     finally:
-        conn._abort(None)
+        sock.close()
 
 
 def _new_rows(info: PartitionInfo) -> _Rows:

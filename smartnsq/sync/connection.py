@@ -10,6 +10,7 @@ answering nsqd's heartbeats), until its own answer is there.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import select
 import socket
 import ssl
@@ -53,6 +54,21 @@ class _Waiter:
         self.result = b""
         self.error: BaseException | None = None
         self.publish = publish
+
+
+@dataclasses.dataclass(frozen=True)
+class Detached:
+    """A handshaken connection handed over by :meth:`SyncConnection.detach`: the socket
+    (blocking from now on, with ``timeout``), the frame decoder holding any bytes already
+    read, and the negotiated codecs (``None``: the bytes go as they are). The new owner
+    closes the socket."""
+
+    address: str
+    sock: socket.socket
+    decoder: FrameDecoder
+    features: Features
+    compress: Codec | None
+    decompress: Codec | None
 
 
 class SyncConnection:
@@ -293,6 +309,22 @@ class SyncConnection:
             err.__cause__ = reason
             waiter.error = err
             waiter.done = True
+
+    def detach(self, timeout: float) -> Detached:
+        """Hand the socket over to a caller that runs its own read loop (a Spark task
+        reading a range, say): no request may be pending. The connection is closed for
+        this object from then on; ``timeout`` is the socket's from then on."""
+        with self._send_lock:
+            if self.closed:
+                raise self._closed_error()
+            if self._waiters:
+                raise NSQError(f"connection to nsqd {self.address} has requests pending")
+            self.closed = True
+            self.close_reason = ConnectionClosed(f"connection to nsqd {self.address} handed over")
+        self._sock.settimeout(timeout)
+        return Detached(
+            self.address, self._sock, self._decoder, self.features, self._compress, self._decompress
+        )
 
     def _abort(self, reason: BaseException | None) -> None:
         if not self.closed:
