@@ -155,6 +155,7 @@ def test_api_page_renders(server: tuple[str, list[tuple[str, int]]], tmp_path: P
 def test_a_broken_cross_reference_fails_the_strict_build(tmp_path: Path) -> None:
     docs = tmp_path / "docs"
     shutil.copytree(ROOT / "docs", docs)
+    shutil.copy(ROOT / "README.md", tmp_path)  # pages include sections of it
     with (docs / "index.md").open("a") as page:
         page.write("\nSee [the missing class][smartnsq.NoSuchThing].\n")
     config = (ROOT / "mkdocs.yml").read_text()
