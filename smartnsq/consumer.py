@@ -618,12 +618,15 @@ class Consumer:
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop gracefully; nothing is left in flight.
 
-        Sends RDY 0 and CLS everywhere, requeues messages not yet handed to the handler (a
+        Sends RDY 0 everywhere, requeues messages not yet handed to the handler (a
         message pulled with ``async for`` counts as handled and is finished), lets
         running handlers finish for up to ``timeout`` seconds (their messages are then FINed or
         REQed as usual; handlers still running after that are cancelled and their messages
         requeued; a plain ``def`` handler's thread cannot be cancelled, so its message is
-        requeued and what the handler returns later is ignored), then closes the connections.
+        requeued and what the handler returns later is ignored), then sends CLS and closes the
+        connections. After nsqd's CLOSE_WAIT it keeps reading for nsqd's output buffer timeout
+        (250 ms by default): a message nsqd had taken before it saw RDY 0 can still come, and
+        is requeued.
 
         Called again while a stop is under way, it waits for that stop, cutting its wait for
         running handlers down to ``timeout`` if that is sooner (say, on a second Ctrl-C).
@@ -651,8 +654,6 @@ class Consumer:
         self._backoff_epoch += 1
         for reader in list(self._readers.values()):
             reader.set_rdy(0)
-            with contextlib.suppress(ConnectionClosed):
-                reader.conn.queue(commands.CLS)
         while self._queue:  # never started: give them back right away
             self._requeue(self._queue.popleft(), 0, False)
         pool = self._pool
@@ -687,11 +688,27 @@ class Consumer:
         for event in self._idle:
             event.set()
         with anyio.CancelScope(shield=True):
-            for reader in list(self._readers.values()):
+            readers = list(self._readers.values())
+            async with anyio.create_task_group() as tg:
+                for reader in readers:
+                    tg.start_soon(self._close_wait, reader)
+            for reader in readers:
                 await reader.conn.close(timeout=1.0)
         for scope in self._loops.values():
             scope.cancel()
         self._stopped.set()
+
+    async def _close_wait(self, reader: _Reader) -> None:
+        """CLS, then keep reading for one output-buffer period: nsqd's sender may have taken
+        a message before it saw RDY 0 and write it after CLOSE_WAIT, to go out when nsqd
+        next flushes. It is requeued as it comes (see ``_on_message``); closed without
+        reading, it would stay in flight in nsqd until its timeout."""
+        conn = reader.conn
+        if not conn.usable:
+            return
+        with anyio.move_on_after(2.0), contextlib.suppress(NSQError):
+            await conn.request(commands.CLS, timeout=1.0)
+            await anyio.sleep(conn.features.output_buffer_timeout + 0.05)
 
     # -- public state ----------------------------------------------------------------------------
 

@@ -169,6 +169,8 @@ class Features:
         snappy: Whether the connection switched to Snappy.
         deflate: Whether the connection switched to DEFLATE.
         auth_required: Whether nsqd requires AUTH.
+        output_buffer_timeout: Seconds nsqd may hold what it writes to this connection
+            before sending it.
         raw: The whole IDENTIFY reply.
     """
 
@@ -180,6 +182,7 @@ class Features:
     snappy: bool = False
     deflate: bool = False
     auth_required: bool = False
+    output_buffer_timeout: float = 0.25
     raw: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -211,6 +214,7 @@ class Features:
             snappy=reply.get("snappy") is True,
             deflate=reply.get("deflate") is True,
             auth_required=reply.get("auth_required") is True,
+            output_buffer_timeout=_reply_int(reply, "output_buffer_timeout", 250) / 1000,
             raw=dict(reply),
         )
 
