@@ -1028,20 +1028,29 @@ class Consumer:
 
     def _write_fins(self, reader: _Reader, ids: list[bytes]) -> None:
         n = len(ids)
-        reader.in_flight -= n
-        try:
-            reader.write(b"FIN " + b"\nFIN ".join(ids) + b"\n")
-        except ConnectionClosed:
-            log.debug(  # the lost connection itself is logged once
-                "could not finish %d messages: connection to %s is gone; nsqd will redeliver",
-                n,
-                reader.address,
-            )
-        else:
+        if self._write_answers(reader, ids, b"FIN ", b"\n", "finish"):
             self._finished += n
         if self._backoff_level:
             for _ in range(n):
                 self._backoff_result(success=True)
+
+    def _write_answers(
+        self, reader: _Reader, ids: list[bytes], head: bytes, tail: bytes, what: str
+    ) -> bool:
+        """One write of ``head + id + tail`` for each id received on ``reader``; False when
+        its connection is gone (nsqd redelivers them)."""
+        reader.in_flight -= len(ids)
+        try:
+            reader.write(head + (tail + head).join(ids) + tail)
+        except ConnectionClosed:
+            log.debug(  # the lost connection itself is logged once
+                "could not %s %d messages: connection to %s is gone; nsqd will redeliver",
+                what,
+                len(ids),
+                reader.address,
+            )
+            return False
+        return True
 
     # -- raw reads (smartnsq.spark's Feed) --------------------------------------------------------
 
@@ -1055,18 +1064,8 @@ class Consumer:
 
     def _write_requeues(self, reader: _Reader, ids: list[bytes]) -> None:
         """REQ ``ids`` (received on ``reader``) for redelivery now, in one write."""
-        n = len(ids)
-        reader.in_flight -= n
-        try:
-            reader.write(b"REQ " + b" 0\nREQ ".join(ids) + b" 0\n")
-        except ConnectionClosed:
-            log.debug(
-                "could not requeue %d messages: connection to %s is gone; nsqd will redeliver",
-                n,
-                reader.address,
-            )
-        else:
-            self._requeued += n
+        if self._write_answers(reader, ids, b"REQ ", b" 0\n", "requeue"):
+            self._requeued += len(ids)
 
     def _write_touches(self, reader: _Reader, ids: list[bytes]) -> None:
         """TOUCH ``ids`` (received on ``reader``) in one write."""
