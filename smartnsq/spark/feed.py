@@ -232,5 +232,12 @@ class Feed:
         while self.buffer:
             rest.add(self.buffer.popleft())
         self.requeue([*self.held, rest])
+        # All at once: each stop lingers for nsqd's output buffer timeout after its CLS.
+        self._loop.portal.call(self._stop_all)
         for cm in self._cms:
-            cm.__exit__(None, None, None)
+            cm.__exit__(None, None, None)  # already stopped: this only ends its task
+
+    async def _stop_all(self) -> None:
+        async with anyio.create_task_group() as tg:
+            for consumer in self.consumers:
+                tg.start_soon(consumer.stop)
