@@ -810,21 +810,14 @@ class Consumer:
         if reader.layout is _CLASSIC and not (
             self._stopping or self.auto_touch or self.trace.active
         ):
-            sink = self._raw_sink
-            if sink is not None:
+            # The whole read to whoever takes reads as they are: the raw sink, or the sync
+            # handler's threads, which build the messages themselves.
+            whole = self._raw_sink or (self._pool.submit if self._pool is not None else None)
+            if whole is not None:
                 for _, start, end in spans:
                     if end - start < 26:
                         raise ProtocolError(f"message frame too short ({end - start} bytes)")
-                sink(reader, src, spans)
-                return
-            pool = self._pool
-            if pool is not None:
-                # Sync handler: the whole read to the handler threads, which build the
-                # messages themselves.
-                for _, start, end in spans:
-                    if end - start < 26:
-                        raise ProtocolError(f"message frame too short ({end - start} bytes)")
-                pool.submit(reader, src, spans)
+                whole(reader, src, spans)
                 return
             # Hot path: classic frames straight to the workers' queue.
             append = self._queue.append
