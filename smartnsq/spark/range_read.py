@@ -11,7 +11,6 @@ This module does not import pyspark: the caller gives the Arrow schema of the ro
 from __future__ import annotations
 
 import dataclasses
-import json
 import select
 import struct
 import time
@@ -26,6 +25,7 @@ from smartnsq.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, HEARTBEAT, OK
 from smartnsq.protocol.handshake import ConnectionConfig
 from smartnsq.protocol.message import MessageLayout, RawMessage, decode_message
 from smartnsq.spark import youzan
+from smartnsq.spark.columns import header_pairs, signed, timestamps
 from smartnsq.spark.youzan import PartitionInfo
 from smartnsq.sync.connection import SyncConnection
 
@@ -135,7 +135,7 @@ def _read(
                         body = buf[lo + 38 : hi]
                     else:
                         msg = decode_message(buf[lo:hi], layout, RawMessage)
-                        stamp, tries, trace = msg.timestamp, msg.attempts, _signed(msg.trace_id)
+                        stamp, tries, trace = msg.timestamp, msg.attempts, signed(msg.trace_id)
                         offset, size, body = msg.offset or 0, msg.raw_size or 1, msg.body
                     if offset < expect:
                         continue  # a redelivery of what we already have
@@ -149,7 +149,7 @@ def _read(
                     rows.ids.append(message_id)
                     rows.traces.append(trace)
                     if rows.headers is not None:
-                        rows.headers.append(_headers(msg))
+                        rows.headers.append(header_pairs(msg))
                     expect = offset + size
                     done = expect >= end
                     if len(rows) >= ROWS_PER_BATCH:
@@ -183,15 +183,6 @@ def _same(data: bytes) -> bytes:
     return data
 
 
-def _signed(value: int) -> int:
-    # Youzan trace ids are unsigned 64-bit; Spark's long is signed.
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _headers(msg: RawMessage) -> list[tuple[str, str]]:
-    return [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in msg.headers.items()]
-
-
 def to_batch(rows: _Rows, info: PartitionInfo, schema: pa.Schema) -> pa.RecordBatch:
     """The rows of one partition in exactly ``schema``."""
     n = len(rows)
@@ -200,9 +191,7 @@ def to_batch(rows: _Rows, info: PartitionInfo, schema: pa.Schema) -> pa.RecordBa
         "topic": lambda t: pa.array([info.topic] * n, type=t),
         "partition": lambda t: pa.array([info.partition] * n, type=t),
         "offset": lambda t: pa.array(rows.offsets, type=t),
-        "timestamp": lambda t: pa.array(rows.stamps, type=pa.timestamp("ns", tz="UTC")).cast(
-            t, safe=False
-        ),
+        "timestamp": lambda t: timestamps(rows.stamps, t),
         "attempts": lambda t: pa.array(rows.attempts, type=t),
         "id": lambda t: pa.array([i.hex() for i in rows.ids], type=t),
         "trace_id": lambda t: pa.array(rows.traces, type=t),

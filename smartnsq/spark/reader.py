@@ -8,7 +8,6 @@ that held it: at least once, never lost.
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from pyspark.sql.types import (
 
 from smartnsq.errors import InvalidArgument
 from smartnsq.message import Message
+from smartnsq.spark.columns import header_pairs, signed, timestamps
 from smartnsq.spark.feed import Feed, Raw, Taken, raw_ids
 from smartnsq.spark.options import Settings
 from smartnsq.spark.source import SCHEMA
@@ -76,15 +76,6 @@ def check_schema(schema: StructType) -> None:
             )
 
 
-def _signed(value: int) -> int:
-    # Youzan trace ids are unsigned 64-bit; Spark's long is signed.
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _headers(msg: Message) -> list[tuple[str, str]]:
-    return [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in msg.headers.items()]
-
-
 def to_batch(messages: list[Message], topic: str, schema: StructType) -> pa.RecordBatch:
     """Rows for ``messages`` as one Arrow batch in exactly the layout Spark expects."""
     # A Youzan message says its partition; a classic one has none (and a hex-text id).
@@ -95,9 +86,7 @@ def to_batch(messages: list[Message], topic: str, schema: StructType) -> pa.Reco
         "topic": lambda t: pa.repeat(pa.scalar(topic, type=t), n),
         "partition": lambda t: pa.array([m.partition for m in messages], type=t),
         "offset": lambda t: pa.array([m.offset for m in messages], type=t),
-        "timestamp": lambda t: pa.array(
-            [m.timestamp for m in messages], type=pa.timestamp("ns", tz="UTC")
-        ).cast(t, safe=False),
+        "timestamp": lambda t: timestamps([m.timestamp for m in messages], t),
         "attempts": lambda t: pa.array([m.attempts for m in messages], type=t),
         "id": lambda t: pa.array(
             [
@@ -107,11 +96,11 @@ def to_batch(messages: list[Message], topic: str, schema: StructType) -> pa.Reco
             type=t,
         ),
         "trace_id": lambda t: pa.array(
-            [_signed(m.trace_id) if y else None for m, y in zip(messages, youzan, strict=True)],
+            [signed(m.trace_id) if y else None for m, y in zip(messages, youzan, strict=True)],
             type=t,
         ),
         "headers": lambda t: pa.array(
-            [_headers(m) if y else None for m, y in zip(messages, youzan, strict=True)], type=t
+            [header_pairs(m) if y else None for m, y in zip(messages, youzan, strict=True)], type=t
         ),
         "nsqd": lambda t: pa.array([m.nsqd_address for m in messages], type=t),
     }
@@ -140,9 +129,7 @@ def raw_batch(raw: list[Raw], topic: str, schema: StructType) -> pa.RecordBatch:
     given: dict[str, Callable[[pa.DataType], pa.Array]] = {
         "value": lambda t: pa.array(bodies, type=t),
         "topic": lambda t: pa.repeat(pa.scalar(topic, type=t), n),
-        "timestamp": lambda t: pa.array(stamps, type=pa.timestamp("ns", tz="UTC")).cast(
-            t, safe=False
-        ),
+        "timestamp": lambda t: timestamps(stamps, t),
         "attempts": lambda t: pa.array(attempts, type=t),
         "id": lambda t: _text_ids(ids, t),
         "nsqd": lambda t: pa.array(nsqd, type=t),
