@@ -198,15 +198,19 @@ def expand_topic(
     if not 0 < old <= partitions:
         raise ClusterError(f"cannot expand {topic} from {old} to {partitions} partitions")
     ordered = bool(meta.get("ordered"))
-    create = _create_url(
-        leader,
-        topic,
-        old,
-        int(meta.get("replica") or 1),
-        ordered,
-        bool(meta.get("extend_support")),
-        bool(meta.get("multi_part")),
-    )
+
+    def create_url(partition_num: int) -> str:  # the topic's own create, re-posted
+        return _create_url(
+            leader,
+            topic,
+            partition_num,
+            int(meta.get("replica") or 1),
+            ordered,
+            bool(meta.get("extend_support")),
+            bool(meta.get("multi_part")),
+        )
+
+    create = create_url(old)
     q = urllib.parse.urlencode({"topic": topic, "partition_num": str(partitions)})
     url = f"http://{leader}/topic/partition/expand?{q}"
     last_trigger = [time.monotonic()]
@@ -224,15 +228,7 @@ def expand_topic(
         return True
 
     poll(f"expansion of {topic} to {partitions} partitions", expand, timeout)
-    create = _create_url(
-        leader,
-        topic,
-        partitions,
-        int(meta.get("replica") or 1),
-        ordered,
-        bool(meta.get("extend_support")),
-        bool(meta.get("multi_part")),
-    )
+    create = create_url(partitions)
 
     def readable() -> dict[str, Any] | None:
         info = lookup(leader, topic, "r")
