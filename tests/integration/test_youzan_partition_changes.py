@@ -100,6 +100,38 @@ class Received:
     def redeliveries(self) -> int:
         return sum(n - 1 for n in self.count.values())
 
+    def assert_keyed(self, bodies: list[bytes], partitions: int) -> None:
+        """Each keyed body (``stream:seq:key``) went to go-nsq's partition for its key."""
+        for body in bodies:
+            key = body.rsplit(b":", 1)[1]
+            assert self.partition[body] == go_partition(key, partitions), body
+
+
+async def every_stream_on_partition_0(
+    received: Received, traffic: Traffic, after: dict[str, int], timeout: float, what: str
+) -> None:
+    """Wait until each stream has a message acknowledged after ``after`` on partition 0."""
+    await wait_until(
+        lambda: all(
+            any(received.partition.get(b) == 0 for b in traffic.ok[s][after[s] :]) for s in STREAMS
+        ),
+        timeout,
+        what,
+    )
+
+
+def check_leader_change(what: str, received: Received, traffic: Traffic, sent: set[bytes]) -> None:
+    """Nothing acknowledged is missing and keys kept their partition (of 2)."""
+    # A publish that raised was not acknowledged; whether nsqd stored it is unknown, so it
+    # may or may not arrive. Redeliveries after a leader change are allowed (at least once).
+    assert set(received.count) >= sent
+    print(
+        f"{what}: {len(sent)} acknowledged, {len(traffic.failed)} raised, "
+        f"{received.redeliveries()} redeliveries"
+    )
+    for stream in ("async-keyed", "sync-keyed"):
+        received.assert_keyed(traffic.ok[stream], 2)
+
 
 async def _run_in_thread(fn: Callable[[], None]) -> None:
     await anyio.to_thread.run_sync(fn)
@@ -154,12 +186,8 @@ async def test_expanded_topic_is_followed_without_restarts(youzan_cluster, anyio
     assert set(received.count) == sent
     for stream in ("async-keyed", "sync-keyed"):
         bodies = traffic.ok[stream]
-        for body in bodies[: before[stream]]:  # before the expansion: 2 partitions
-            key = body.rsplit(b":", 1)[1]
-            assert received.partition[body] == go_partition(key, 2), body
-        for body in bodies[late[stream] :]:  # after the new layout was seen: 3
-            key = body.rsplit(b":", 1)[1]
-            assert received.partition[body] == go_partition(key, 3), body
+        received.assert_keyed(bodies[: before[stream]], 2)  # before the expansion
+        received.assert_keyed(bodies[late[stream] :], 3)  # after the new layout was seen
     for stream in ("async", "sync"):  # round robin over all three
         tail = traffic.ok[stream][late[stream] :]
         assert {received.partition[b] for b in tail} == {0, 1, 2}, stream
@@ -198,11 +226,10 @@ async def test_moved_leader_is_followed_by_producers_and_consumer(cluster_factor
                 await anyio.to_thread.run_sync(lambda: cluster.kill_nsqd(leader, signal.SIGTERM))
                 after = {s: len(v) for s, v in traffic.ok.items()}
                 # Partition 0 goes on, on another nsqd: new messages of every stream arrive.
-                await wait_until(
-                    lambda: all(
-                        any(received.partition.get(b) == 0 for b in traffic.ok[s][after[s] :])
-                        for s in STREAMS
-                    ),
+                await every_stream_on_partition_0(
+                    received,
+                    traffic,
+                    after,
                     90,
                     "every stream on partition 0 after its leader stopped",
                 )
@@ -218,17 +245,7 @@ async def test_moved_leader_is_followed_by_producers_and_consumer(cluster_factor
         sent = traffic.acknowledged()
         await wait_until(lambda: set(received.count) >= sent, 90, "every acknowledged message")
 
-    # A publish that raised was not acknowledged; whether nsqd stored it is unknown, so it
-    # may or may not arrive. Redeliveries after a leader change are allowed (at least once).
-    assert set(received.count) >= sent
-    print(
-        f"leader change: {len(sent)} acknowledged, {len(traffic.failed)} raised, "
-        f"{received.redeliveries()} redeliveries"
-    )
-    for stream in ("async-keyed", "sync-keyed"):
-        for body in traffic.ok[stream]:
-            key = body.rsplit(b":", 1)[1]
-            assert received.partition[body] == go_partition(key, 2), body
+    check_leader_change("leader change", received, traffic, sent)
 
 
 async def test_leader_moved_by_the_admin_is_followed_without_waiting_for_a_poll(
@@ -257,25 +274,12 @@ async def test_leader_moved_by_the_admin_is_followed_without_waiting_for_a_poll(
                 await anyio.to_thread.run_sync(lambda: move_leader(youzan_cluster, topic, 0, other))
                 after = {s: len(v) for s, v in traffic.ok.items()}
                 # Well within the 60 s poll: only the move itself can have told them.
-                await wait_until(
-                    lambda: all(
-                        any(received.partition.get(b) == 0 for b in traffic.ok[s][after[s] :])
-                        for s in STREAMS
-                    ),
-                    30,
-                    "every stream on partition 0 after the move",
+                await every_stream_on_partition_0(
+                    received, traffic, after, 30, "every stream on partition 0 after the move"
                 )
             finally:  # the blocking publisher's thread cannot be cancelled
                 traffic.stop.set()
         sent = traffic.acknowledged()
         await wait_until(lambda: set(received.count) >= sent, 60, "every acknowledged message")
 
-    assert set(received.count) >= sent
-    print(
-        f"admin move: {len(sent)} acknowledged, {len(traffic.failed)} raised, "
-        f"{received.redeliveries()} redeliveries"
-    )
-    for stream in ("async-keyed", "sync-keyed"):
-        for body in traffic.ok[stream]:
-            key = body.rsplit(b":", 1)[1]
-            assert received.partition[body] == go_partition(key, 2), body
+    check_leader_change("admin move", received, traffic, sent)

@@ -15,6 +15,15 @@ pytestmark = pytest.mark.integration
 
 KEYS = [f"k{k}" for k in range(40)]
 PER_KEY = 25
+TOTAL = PER_KEY * len(KEYS)
+
+
+def ordered_topic(cluster, prefix: str) -> tuple[str, dict[str, list[int]]]:
+    """A new ordered topic of 4 partitions (channel "ch") holding TOTAL keyed messages:
+    its name, and the sequence numbers sent per key."""
+    topic = unique(prefix)
+    create_topic(cluster, topic, partitions=4, replicas=1, ordered=True, channel="ch")
+    return topic, publish_keyed(cluster, topic)
 
 
 def publish_keyed(cluster, topic: str) -> dict[str, list[int]]:
@@ -33,10 +42,7 @@ def record(seen: dict[str, list[int]], body: bytes) -> None:
 
 
 def test_iterating_an_ordered_topic_keeps_every_key_in_order(youzan_cluster):
-    topic = unique("sord")
-    create_topic(youzan_cluster, topic, partitions=4, replicas=1, ordered=True, channel="ch")
-    sent = publish_keyed(youzan_cluster, topic)
-    total = PER_KEY * len(KEYS)
+    topic, sent = ordered_topic(youzan_cluster, "sord")
     seen: dict[str, list[int]] = defaultdict(list)
     violations: list[object] = []
     partitions: set[int] = set()
@@ -51,21 +57,18 @@ def test_iterating_an_ordered_topic_keeps_every_key_in_order(youzan_cluster):
             assert message.partition is not None and message.offset is not None
             partitions.add(message.partition)
             record(seen, message.body)
-            if count == total:
+            if count == TOTAL:
                 break
     stats = consumer.stats()
     assert not violations
     assert partitions == {0, 1, 2, 3}
     assert dict(seen) == dict(sent)  # every key complete, in order, nothing twice
-    assert stats.finished == total and stats.requeued == 0
+    assert stats.finished == TOTAL and stats.requeued == 0
 
 
 def test_a_thread_leaving_an_ordered_topic_early_hands_the_rest_on_in_order(youzan_cluster):
     """A consumer thread that stops mid-way: the next consumer continues each key in order."""
-    topic = unique("sordx")
-    create_topic(youzan_cluster, topic, partitions=4, replicas=1, ordered=True, channel="ch")
-    sent = publish_keyed(youzan_cluster, topic)
-    total = PER_KEY * len(KEYS)
+    topic, sent = ordered_topic(youzan_cluster, "sordx")
     seen: dict[str, list[int]] = defaultdict(list)
     first = 300
 
@@ -84,7 +87,7 @@ def test_a_thread_leaving_an_ordered_topic_early_hands_the_rest_on_in_order(youz
     with Consumer(topic, "ch", lookupd_http_addresses=lookupds(youzan_cluster)) as consumer:
         for count, message in enumerate(consumer, first + 1):
             record(seen, message.body)
-            if count == total:
+            if count == TOTAL:
                 break
     # no message lost, none repeated, every key still in order across the two consumers
     assert dict(seen) == dict(sent)
