@@ -17,6 +17,7 @@ from rich.table import Table
 from smartnsq.cli.options import CliError, Common, common, common_options, split_addresses
 from smartnsq.cli.output import configure_logging, print_json
 from smartnsq.cli.statdata import Node, Snapshot, find_nodes, sample, summarize
+from smartnsq.lookup.client import tls_verify
 from smartnsq.protocol.names import validate_topic
 
 __all__ = ["command", "render"]
@@ -57,7 +58,7 @@ def command(topic: str | None, nsqd_http: tuple[str, ...], interval: float, watc
 async def _stat(
     options: Common, http: list[str], topic: str | None, interval: float, watch: bool
 ) -> None:
-    async with httpx.AsyncClient(timeout=5.0) as client:
+    async with httpx.AsyncClient(timeout=5.0, verify=tls_verify()) as client:
         nodes = await find_nodes(client, options.lookupd, http)
         configure_logging(options)  # after discovery, whose failure is reported as one line
         if not nodes:

@@ -38,6 +38,7 @@ from smartnsq.lookup.client import (
     check_lookupd_addresses,
     fetch_listlookup,
     fetch_lookup,
+    tls_verify,
 )
 from smartnsq.lookup.model import Node, Skipped, TopicLayout, TopicMeta
 
@@ -124,6 +125,7 @@ class LookupManager:
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(self.timeout, connect=min(2.0, self.timeout)),
             limits=httpx.Limits(max_keepalive_connections=8),
+            verify=tls_verify(),
         )
         return self
 
