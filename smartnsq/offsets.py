@@ -31,7 +31,7 @@ from smartnsq.errors import (
     ProtocolError,
     TopicNotFound,
 )
-from smartnsq.lookup.client import ACCEPT, check_lookupd_addresses
+from smartnsq.lookup.client import ACCEPT, check_lookupd_addresses, tls_verify
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import Node, TopicLayout, loads
 from smartnsq.protocol.names import validate_channel, validate_topic
@@ -152,7 +152,9 @@ def _lookupds(addresses: Sequence[str]) -> list[str]:
 def _client(timeout: float) -> httpx.AsyncClient:
     import httpx  # here, not at import time: `import smartnsq` stays light
 
-    return httpx.AsyncClient(timeout=httpx.Timeout(min(timeout, 10.0), connect=2.0))
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(min(timeout, 10.0), connect=2.0), verify=tls_verify()
+    )
 
 
 def partition_leaders(topic: str, layout: TopicLayout) -> dict[int, Node]:
@@ -198,31 +200,46 @@ async def stats(
     """One partition's numbers from its leader, once the channel has caught up with the
     topic's end (so that its position can be told)."""
     url = f"http://{http_address(node)}/stats"
-    params = {"format": "json", "topic": topic, "partition": str(partition)}
-    if channel is not None:
-        params["channel"] = channel
-    params["needClients"] = "false"
+    params = stats_params(topic, partition, channel)
     tries = 0
     while True:
         tries += 1
         body = await _request(client, "GET", url, params)
-        try:
-            numbers = parse_partition_stats(loads(body), topic, partition, channel)
-        except (ValueError, RecursionError, ProtocolError) as exc:
-            raise NsqdHttpFailed(f"nsqd {url} sent unusable stats: {exc!s:.200}") from exc
-        if numbers is None:
-            raise NsqdHttpFailed(
-                f"nsqd {http_address(node)} does not hold {topic!r} partition {partition} "
-                "(lookupd's answer is out of date); try again"
-            )
-        if not numbers.leader:
-            raise NsqdHttpFailed(
-                f"nsqd {http_address(node)} is not the leader of {topic!r} partition "
-                f"{partition} (a leader change is under way); try again"
-            )
+        numbers = leader_numbers(body, http_address(node), topic, partition, channel)
         if numbers.settled or tries >= _SETTLE_TRIES:
             return numbers
         await anyio.sleep(0.025)
+
+
+def stats_params(topic: str, partition: int, channel: str | None) -> dict[str, str]:
+    """The query of a partition leader's ``/stats`` for :func:`leader_numbers`."""
+    params = {"format": "json", "topic": topic, "partition": str(partition)}
+    if channel is not None:
+        params["channel"] = channel
+    params["needClients"] = "false"
+    return params
+
+
+def leader_numbers(
+    body: bytes, http: str, topic: str, partition: int, channel: str | None
+) -> PartitionNumbers:
+    """A partition's numbers from its leader's ``/stats`` answer (``http``: the leader's
+    address); NsqdHttpFailed when the answer is unusable or the node no longer leads."""
+    try:
+        numbers = parse_partition_stats(loads(body), topic, partition, channel)
+    except (ValueError, RecursionError, ProtocolError) as exc:
+        raise NsqdHttpFailed(f"nsqd {http} sent unusable stats: {exc!s:.200}") from exc
+    if numbers is None:
+        raise NsqdHttpFailed(
+            f"nsqd {http} does not hold {topic!r} partition {partition} "
+            "(lookupd's answer is out of date); try again"
+        )
+    if not numbers.leader:
+        raise NsqdHttpFailed(
+            f"nsqd {http} is not the leader of {topic!r} partition "
+            f"{partition} (a leader change is under way); try again"
+        )
+    return numbers
 
 
 async def read_partition(

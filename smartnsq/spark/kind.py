@@ -47,8 +47,9 @@ def check_kind(settings: Settings) -> bool:
 
 def check_stream(settings: Settings) -> None:
     if settings.ending_offsets is not None:
+        name = plan.option_name(settings.ending_offsets, ending=True)
         raise InvalidArgument(
-            "option 'endingOffsets' applies to spark.read only: a stream has no end "
+            f"option {name!r} applies to spark.read only: a stream has no end "
             "(use trigger(availableNow=True) to stop after what is there)"
         )
 
@@ -58,12 +59,12 @@ def plan_check(settings: Settings) -> None:
     partition, an offset past the end) fails the query while Spark plans it."""
     assert settings.topic is not None
     infos = youzan.partitions(settings.lookupd, settings.topic)
-    start = plan.resolve("startingOffsets", settings.starting_offsets or "earliest", infos)
-    end = plan.resolve("endingOffsets", settings.ending_offsets or "latest", infos)
+    start = plan.resolve_start(settings, infos, "earliest")
+    end = plan.resolve_end(settings, infos)
     plan.check_retained(start, infos, settings.fail_on_data_loss)
     for p, s in start.items():
         if settings.ending_offsets is not None and end[p] < s:
+            name = plan.option_name(settings.ending_offsets, ending=True)
             raise InvalidArgument(
-                f"option 'endingOffsets': partition {p} ends at {end[p]}, before its "
-                f"starting offset {s}"
+                f"option {name!r}: partition {p} ends at {end[p]}, before its starting offset {s}"
             )

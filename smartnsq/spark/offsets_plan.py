@@ -13,16 +13,30 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from smartnsq.errors import DataLoss, InvalidArgument
+from smartnsq.protocol.offsets import MAX_TIMESTAMP
+from smartnsq.spark import youzan
+from smartnsq.spark.options import DEFAULT_CHANNEL_PREFIX, Settings
 from smartnsq.spark.youzan import PartitionInfo
 
 log = logging.getLogger("smartnsq.spark")
 
 EARLIEST, LATEST = -2, -1  # as in Kafka's JSON offsets
 
-Spec = Literal["earliest", "latest"] | dict[int, int]
+
+@dataclass(frozen=True)
+class At:
+    """``startingTimestamp`` / ``endingTimestamp``: a Unix time in milliseconds, as in Kafka.
+    The fork finds whole seconds: the first message published at or after the start of the
+    second that holds it."""
+
+    ms: int
+
+
+Spec = Literal["earliest", "latest"] | dict[int, int] | At
 Offsets = dict[int, int]
 
 
@@ -66,9 +80,48 @@ def parse_spec(option: str, value: str, topic: str, *, ending: bool) -> Spec:
     return out
 
 
-def resolve(option: str, spec: Spec, infos: Sequence[PartitionInfo]) -> Offsets:
-    """Per-partition queue offsets for ``spec`` now; an error names ``option``."""
+def parse_time(option: str, value: str) -> At:
+    try:
+        ms = int(value.strip())
+    except ValueError:
+        ms = -1
+    if not 0 <= ms <= MAX_TIMESTAMP * 1000:
+        raise InvalidArgument(
+            f"option {option!r} must be a Unix time in milliseconds (like Kafka's), not {value!r}"
+        )
+    return At(ms)
+
+
+def option_name(spec: Spec | None, *, ending: bool) -> str:
+    if isinstance(spec, At):
+        return "endingTimestamp" if ending else "startingTimestamp"
+    return "endingOffsets" if ending else "startingOffsets"
+
+
+def resolve_start(
+    settings: Settings, infos: Sequence[PartitionInfo], default: Literal["earliest", "latest"]
+) -> Offsets:
+    """The starting offsets the options ask for (``startingOffsets`` or
+    ``startingTimestamp``; ``default`` when neither is given)."""
+    spec = settings.starting_offsets or default
+    return resolve(option_name(spec, ending=False), spec, infos, settings.channel)
+
+
+def resolve_end(settings: Settings, infos: Sequence[PartitionInfo]) -> Offsets:
+    spec = settings.ending_offsets or "latest"
+    return resolve(option_name(spec, ending=True), spec, infos, settings.channel)
+
+
+def resolve(
+    option: str, spec: Spec, infos: Sequence[PartitionInfo], channel_prefix: str | None = None
+) -> Offsets:
+    """Per-partition queue offsets for ``spec`` now; an error names ``option``.
+
+    A time is looked up through a throw-away channel named after ``channel_prefix``."""
     known = {i.partition: i for i in infos}
+    if isinstance(spec, At):
+        prefix = channel_prefix or DEFAULT_CHANNEL_PREFIX
+        return youzan.offsets_at_time(list(infos), spec.ms // 1000, prefix)
     if spec == "earliest":
         return {p: i.earliest for p, i in known.items()}
     if spec == "latest":

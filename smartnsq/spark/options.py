@@ -43,11 +43,20 @@ READ_OPTIONS = (
     "clusterKind",
     "startingOffsets",
     "endingOffsets",
+    "startingTimestamp",
+    "endingTimestamp",
     "maxOffsetsPerTrigger",
     "failOnDataLoss",
 )
 # Options that only a replayable (Youzan partitioned) topic can honour.
-OFFSET_OPTIONS = ("startingOffsets", "endingOffsets", "maxOffsetsPerTrigger", "failOnDataLoss")
+OFFSET_OPTIONS = (
+    "startingOffsets",
+    "endingOffsets",
+    "startingTimestamp",
+    "endingTimestamp",
+    "maxOffsetsPerTrigger",
+    "failOnDataLoss",
+)
 CLUSTER_KINDS = ("auto", "classic", "youzan")
 
 # Keyword arguments that the data source sets itself, or that need a Python object.
@@ -335,7 +344,7 @@ def _tuning(values: dict[str, str]) -> dict[str, Any]:
 
 
 def _offsets(values: dict[str, str], topic: str) -> dict[str, Any]:
-    from smartnsq.spark.offsets_plan import parse_spec
+    from smartnsq.spark.offsets_plan import parse_spec, parse_time
 
     out: dict[str, Any] = {
         "offset_options": tuple(o for o in OFFSET_OPTIONS if o in values),
@@ -347,11 +356,15 @@ def _offsets(values: dict[str, str], topic: str) -> dict[str, Any]:
             f"not {values['clusterKind']!r}"
         )
     out["cluster_kind"] = kind
-    for option, name, ending in (
-        ("startingOffsets", "starting_offsets", False),
-        ("endingOffsets", "ending_offsets", True),
+    for option, by_time, name, ending in (
+        ("startingOffsets", "startingTimestamp", "starting_offsets", False),
+        ("endingOffsets", "endingTimestamp", "ending_offsets", True),
     ):
-        if option in values:
+        if by_time in values:
+            if option in values:
+                raise InvalidArgument(f"give option {option!r} or {by_time!r}, not both")
+            out[name] = parse_time(by_time, values[by_time])
+        elif option in values:
             out[name] = parse_spec(option, values[option], topic, ending=ending)
     if "maxOffsetsPerTrigger" in values:
         out["max_offsets_per_trigger"] = _positive_int(

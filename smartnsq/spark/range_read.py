@@ -14,7 +14,6 @@ import dataclasses
 import select
 import struct
 import time
-import uuid
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
@@ -34,13 +33,6 @@ STALL_TIMEOUT = 60.0  # no message for this long while some are due: the task fa
 _READ_SIZE = 1 << 20
 
 
-def task_channel(prefix: str) -> str:
-    """A channel name no other reader uses (nsqd allows 64 characters), stamped with its
-    creation time so that one left behind can be told from one in use (see
-    :func:`smartnsq.spark.youzan.remove_orphans`)."""
-    return f"{prefix[:40]}-{int(time.time()):08x}{uuid.uuid4().hex[:8]}"
-
-
 def read_range(
     info: PartitionInfo,
     start: int,
@@ -52,7 +44,7 @@ def read_range(
     """Arrow batches (``schema``) of the messages with ``start <= offset < end``."""
     if start >= end:
         return
-    channel = task_channel(channel_prefix)
+    channel = youzan.task_channel(channel_prefix)
     youzan.open_channel(info, channel, start)
     try:
         yield from _read(info, start, end, channel, config, schema)
@@ -101,7 +93,10 @@ def _read(
     unpack = _PLAIN.unpack_from
     try:
         # Four tokens: the fork ignores the partition of a SUB_ADVANCED that also has a start.
-        line = f"SUB_ADVANCED {info.topic} {channel} {info.partition}\n".encode()
+        # An ordered topic takes SUB_ORDERED only (E_SUB_ORDER_IS_MUST); its deliveries carry
+        # their queue offsets too, one message at a time.
+        sub = "SUB_ORDERED" if info.ordered else "SUB_ADVANCED"
+        line = f"{sub} {info.topic} {channel} {info.partition}\n".encode()
         sock.sendall(compress(line))
         subscribed = False
         rows = _new_rows(info)

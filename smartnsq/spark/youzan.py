@@ -1,9 +1,8 @@
 """What the Spark source needs to know about a Youzan partitioned topic, over plain HTTP.
 
-The driver asks lookupd about the topic (partitioned? ext?) and
-:func:`smartnsq.sync.partition_offsets` for each partition's leader and queue offsets. A
-task reads a range through a channel of its own (see :mod:`smartnsq.spark.range_read`),
-made and removed here with the nsqd channel endpoints.
+The driver asks lookupd about the topic (partitioned? ext?) and each partition leader's
+``/stats`` for its queue offsets. A task reads a range through a channel of its own (see
+:mod:`smartnsq.spark.range_read`), made and removed here with the nsqd channel endpoints.
 
 This module does not import pyspark.
 """
@@ -15,18 +14,22 @@ import os
 import re
 import time
 import urllib.parse
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from smartnsq.errors import LookupFailed, NotSupported, NSQError, TopicNotFound
-from smartnsq.lookup.client import ACCEPT
+from smartnsq.errors import LookupFailed, NsqdHttpFailed, NSQError, TopicNotFound
+from smartnsq.lookup.client import ACCEPT, tls_verify
 from smartnsq.lookup.model import TopicLayout, loads, parse_lookup
+from smartnsq.offsets import http_address, leader_numbers, partition_leaders, stats_params
+from smartnsq.protocol.offsets import PartitionNumbers
 
 log = logging.getLogger("smartnsq.spark")
 
 HTTP_TIMEOUT = 10.0
+_SETTLE_TRIES = 40  # x 25 ms: how long a new channel may lag its topic's end
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,9 @@ def _client() -> httpx.Client:
     # One per process (Spark forks its workers), kept: making one costs an SSL context.
     client = _clients.get(os.getpid())
     if client is None:
-        client = _clients[os.getpid()] = httpx.Client(headers=ACCEPT, timeout=HTTP_TIMEOUT)
+        client = _clients[os.getpid()] = httpx.Client(
+            headers=ACCEPT, timeout=HTTP_TIMEOUT, verify=tls_verify()
+        )
     return client
 
 
@@ -94,29 +99,45 @@ def topic_layout(lookupd: tuple[str, ...], topic: str) -> TopicLayout | None:
 
 
 def partitions(lookupd: tuple[str, ...], topic: str) -> list[PartitionInfo]:
-    """Every partition of ``topic`` with its leader's current queue offsets."""
-    from smartnsq.sync import partition_offsets
+    """Every partition of ``topic`` with its leader's current queue offsets.
 
+    Blocking calls on this process's kept client: the driver asks this for every micro-batch,
+    and :func:`smartnsq.sync.partition_offsets` (an event loop and new clients per call)
+    took 60-80 ms of each.
+    """
     layout = topic_layout(lookupd, topic)
     if layout is None or not layout.partitions:
         raise TopicNotFound(f"lookupd knows no partitions of topic {topic!r}")
     meta = layout.meta
-    if meta is not None and meta.ordered:
-        raise NotSupported(f"topic {topic!r} is ordered: reading it by offsets is not supported")
-    return [
-        PartitionInfo(
-            topic=topic,
-            partition=p.partition,
-            nsqd=p.nsqd,
-            http=p.http,
-            earliest=p.earliest,
-            end=p.end,
-            end_count=p.end_count or 0,
-            ext=bool(meta and meta.extend_support),
-            ordered=False,
+    infos = []
+    for partition, node in sorted(partition_leaders(topic, layout).items()):
+        http = http_address(node)
+        n = _stats(http, topic, partition, None)
+        infos.append(
+            PartitionInfo(
+                topic=topic,
+                partition=partition,
+                nsqd=node.tcp_address,
+                http=http,
+                earliest=n.earliest,
+                end=n.end,
+                end_count=n.end_count,
+                ext=bool(meta and meta.extend_support),
+                ordered=bool(meta and meta.ordered),
+            )
         )
-        for p in partition_offsets(topic, lookupd_http_addresses=list(lookupd))
-    ]
+    return infos
+
+
+def _stats(http: str, topic: str, partition: int, channel: str | None) -> PartitionNumbers:
+    url = f"http://{http}/stats"
+    try:
+        r = _client().get(url, params=stats_params(topic, partition, channel))
+    except httpx.HTTPError as exc:
+        raise NsqdHttpFailed(f"nsqd {url} unreachable: {exc!r}") from exc
+    if r.status_code != 200:
+        raise NsqdHttpFailed(f"nsqd {url} answered HTTP {r.status_code}: {r.text[:200]}")
+    return leader_numbers(r.content, http, topic, partition, channel)
 
 
 def _post(http: str, path: str, params: dict[str, str], body: bytes = b"") -> None:
@@ -129,11 +150,49 @@ def _post(http: str, path: str, params: dict[str, str], body: bytes = b"") -> No
         raise LookupFailed(f"nsqd {http}: {path} answered HTTP {r.status_code}: {r.text[:200]}")
 
 
+def task_channel(prefix: str) -> str:
+    """A channel name no other reader uses (nsqd allows 64 characters), stamped with its
+    creation time so that one left behind can be told from one in use (see
+    :func:`remove_orphans`)."""
+    return f"{prefix[:40]}-{int(time.time()):08x}{uuid.uuid4().hex[:8]}"
+
+
+def offsets_at_time(infos: list[PartitionInfo], seconds: int, prefix: str) -> dict[int, int]:
+    """Per partition, the queue offset of the first message published at or after the start
+    of Unix second ``seconds`` (the partition's end when there is none).
+
+    The fork does the search itself: a throw-away channel is moved there with
+    ``/channel/setoffset timestamp:<seconds>``, and its position is read from ``/stats``.
+    """
+    out: dict[int, int] = {}
+    for info in infos:
+        channel = task_channel(prefix)
+        params = {"topic": info.topic, "partition": str(info.partition), "channel": channel}
+        _post(info.http, "/channel/create", params)
+        try:
+            _post(info.http, "/channel/setoffset", params, b"timestamp:%d" % seconds)
+            for _ in range(_SETTLE_TRIES):
+                n = _stats(info.http, info.topic, info.partition, channel)
+                if n.settled:  # the channel has seen the topic's end: its position is exact
+                    break
+                time.sleep(0.025)
+            if n.channel_offset is None:
+                raise NsqdHttpFailed(f"nsqd {info.http} does not report channel {channel}")
+            out[info.partition] = n.channel_offset
+        finally:
+            delete_channel(info, channel)
+    return out
+
+
 def open_channel(info: PartitionInfo, channel: str, start: int) -> None:
     """Create ``channel`` on the partition leader, its cursor at the first message whose
     queue offset is >= ``start``."""
     params = {"topic": info.topic, "partition": str(info.partition), "channel": channel}
     _post(info.http, "/channel/create", params)
+    if info.ordered:
+        # Ordered before anything is read: a channel that turns ordered on its first
+        # SUB_ORDERED moves its cursor back (and delivers its first message twice).
+        _post(info.http, "/channel/setorder", {**params, "order": "true"})
     # virtual_queue:<n> puts the cursor on the first message at or after n, n need not be a
     # message boundary (checked against the fork, which has no documentation for it).
     _post(info.http, "/channel/setoffset", params, f"virtual_queue:{start}".encode())

@@ -83,7 +83,10 @@ class _RangeReads:
         ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition)
+        if not isinstance(partition, RangePartition):
+            # partitions() found nothing to read (every range empty): Spark then runs one
+            # task on a placeholder partition anyway.
+            return
         yield from read_range(
             partition.info,
             partition.start,
@@ -105,8 +108,8 @@ class YouzanBatchReader(_RangeReads, DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         infos = _infos(self.settings)
         self._tidy(infos)
-        start = plan.resolve("startingOffsets", self.settings.starting_offsets or "earliest", infos)
-        end = plan.resolve("endingOffsets", self.settings.ending_offsets or "latest", infos)
+        start = plan.resolve_start(self.settings, infos, "earliest")
+        end = plan.resolve_end(self.settings, infos)
         return self._ranges(start, end, infos)
 
 
@@ -131,7 +134,7 @@ class YouzanStreamReader(_RangeReads, DataSourceStreamReader, SupportsTriggerAva
     def initialOffset(self) -> OffsetDict:
         # Only for a new query: a restarted one resumes from its checkpoint.
         infos = _infos(self.settings)
-        start = plan.resolve("startingOffsets", self.settings.starting_offsets or "latest", infos)
+        start = plan.resolve_start(self.settings, infos, "latest")
         return plan.to_spark(
             self._topic, plan.check_retained(start, infos, self.settings.fail_on_data_loss)
         )

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from smartnsq.errors import DataLoss, InvalidArgument
-from smartnsq.spark.offsets_plan import check_retained, parse_spec, resolve, spread
+from smartnsq.spark.offsets_plan import At, check_retained, parse_spec, parse_time, resolve, spread
 from smartnsq.spark.youzan import PartitionInfo
 
 
@@ -43,6 +43,13 @@ def test_specs_parse_like_kafka() -> None:
 def test_bad_specs_name_the_option(option: str, value: str, text: str) -> None:
     with pytest.raises(InvalidArgument, match=f"option '{option}'.*{text}"):
         parse_spec(option, value, "t", ending=option == "endingOffsets")
+
+
+def test_times_are_milliseconds_like_kafka() -> None:
+    assert parse_time("startingTimestamp", " 1700000000123 ") == At(1700000000123)
+    for bad in ("soon", "-1", "1.5", "99999999999999999999"):
+        with pytest.raises(InvalidArgument, match="option 'endingTimestamp' must be a Unix time"):
+            parse_time("endingTimestamp", bad)
 
 
 def test_resolve_against_the_partitions() -> None:

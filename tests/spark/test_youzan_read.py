@@ -252,3 +252,87 @@ def test_ext_topic_rows_carry_headers_and_trace_ids(spark: Any, youzan_cluster: 
     # A range that starts inside the first message begins with the second.
     later = batch(spark, youzan_cluster, topic, startingOffsets=json.dumps({topic: {"0": 1}}))
     assert values(later.collect()) == [b"two", b"three"]
+
+
+def test_ordered_topic_is_read_by_offsets_in_order(spark: Any, youzan_cluster: Any) -> None:
+    # An ordered topic takes SUB_ORDERED only; each task reads its range one message at a
+    # time, on a channel of its own, and leaves the topic's own channel where it was.
+    topic = unique("sy_ordered")
+    info = create_topic(youzan_cluster, topic, partitions=PARTITIONS, ordered=True, channel="ch")
+    sent = publish(youzan_cluster, topic, "o", 12)
+    rows = batch(spark, youzan_cluster, topic).collect()
+    assert sorted(values(rows)) == sorted(sent)
+    for p in range(PARTITIONS):
+        mine = [r for r in rows if r.partition == p]  # in the order the task read them
+        assert values(mine) == [b"o-p%d-%04d" % (p, i) for i in range(12)]
+        assert [r.offset for r in mine] == sorted({r.offset for r in mine})
+    # From the 5th message of partition 0, up to (not including) its 9th.
+    p0 = [r.offset for r in rows if r.partition == 0]
+    later = batch(
+        spark,
+        youzan_cluster,
+        topic,
+        startingOffsets=json.dumps({topic: {"0": p0[4], "1": -1, "2": -1}}),
+        endingOffsets=json.dumps({topic: {"0": p0[8], "1": -1, "2": -1}}),
+    ).collect()
+    assert values(later) == [b"o-p0-%04d" % i for i in range(4, 8)]
+    name = unique("sy_ordered_q")
+    query = (
+        stream(spark, youzan_cluster, topic, startingOffsets="earliest", maxOffsetsPerTrigger=10)
+        .writeStream.format("memory")
+        .queryName(name)
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180) and query.exception() is None
+    got = spark.sql(f"SELECT value FROM {name}").collect()
+    assert sorted(values(got)) == sorted(sent)
+    for p, node in info["partitions"].items():
+        http = f"{node['broadcast_address']}:{node['http_port']}"
+        stats = http_json(f"http://{http}/stats?format=json&topic={topic}&partition={p}")
+        for t in stats["topics"]:
+            if t["topic_partition"] == str(p):
+                names = {c["channel_name"]: c["depth"] for c in t["channels"]}
+                assert names == {"ch": 12}
+
+
+def test_reads_from_and_to_a_time(spark: Any, youzan_cluster: Any) -> None:
+    topic, _ = new_topic(youzan_cluster, "sy_time")
+
+    def next_second() -> int:
+        # The fork finds whole seconds: each group of messages gets a second of its own.
+        now = int(time.time())
+        wait_for(lambda: int(time.time()) > now, timeout=3, what="a new second")
+        return int(time.time() * 1000)
+
+    publish(youzan_cluster, topic, "a", 4)
+    at_b = next_second()
+    sent_b = publish(youzan_cluster, topic, "b", 4)
+    at_c = next_second()
+    sent_c = publish(youzan_cluster, topic, "c", 4)
+    got = values(batch(spark, youzan_cluster, topic, startingTimestamp=at_b).collect())
+    assert sorted(got) == sorted(sent_b | sent_c)
+    got = values(
+        batch(spark, youzan_cluster, topic, startingTimestamp=at_b, endingTimestamp=at_c).collect()
+    )
+    assert sorted(got) == sorted(sent_b)
+    later = int(time.time() + 3600) * 1000  # no message yet: every partition's end
+    assert batch(spark, youzan_cluster, topic, startingTimestamp=later).count() == 0
+    name = unique("sy_time_q")
+    query = (
+        stream(spark, youzan_cluster, topic, startingTimestamp=at_c)
+        .writeStream.format("memory")
+        .queryName(name)
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180) and query.exception() is None
+    assert sorted(values(spark.sql(f"SELECT value FROM {name}").collect())) == sorted(sent_c)
+    text = failure(
+        lambda: batch(
+            spark, youzan_cluster, topic, startingTimestamp=at_b, startingOffsets="latest"
+        )
+    )
+    assert "give option 'startingOffsets' or 'startingTimestamp', not both" in text
+    text = failure(lambda: batch(spark, youzan_cluster, topic, endingTimestamp="yesterday"))
+    assert "option 'endingTimestamp' must be a Unix time in milliseconds" in text
