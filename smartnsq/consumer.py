@@ -55,6 +55,7 @@ from smartnsq.errors import (
     SubOrderRequired,
     TagNotSupported,
 )
+from smartnsq.idle import IdleWorkers
 from smartnsq.inbox import Inbox
 from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
@@ -510,7 +511,7 @@ class Consumer:
         self._wanted: set[Target] = set()  # (nsqd, partition) we keep a connection loop for
         self._loops: dict[Target, anyio.CancelScope] = {}
         self._queue: deque[Message] = deque()
-        self._idle: deque[anyio.Event] = deque()
+        self._idle = IdleWorkers()
         # What each worker is handling right now (None when idle): for stop() and auto-touch.
         self._slots: list[Message | None] = []
         # Plain def handlers run in threads; their outcomes come back through the inbox.
@@ -685,8 +686,7 @@ class Consumer:
             if not msg._responded:
                 self._requeue(msg, 0, False)
         self._slots = [None] * len(self._slots)
-        for event in self._idle:
-            event.set()
+        self._idle.wake_all()
         with anyio.CancelScope(shield=True):
             readers = list(self._readers.values())
             async with anyio.create_task_group() as tg:
@@ -782,9 +782,7 @@ class Consumer:
         while not self._queue:
             if self._stopping:
                 raise StopAsyncIteration
-            event = anyio.Event()
-            self._idle.append(event)
-            await event.wait()
+            await self._idle.wait()
         msg = self._queue.popleft()
         self._pulled = msg
         return msg
@@ -836,7 +834,7 @@ class Consumer:
                 else:
                     append(msg)
             if self._idle and self._queue:
-                self._idle.popleft().set()
+                self._idle.wake_one()
             return
         batch = []
         for _, start, end in spans:
@@ -878,7 +876,7 @@ class Consumer:
             return True
         self._queue.append(msg)
         if self._idle:
-            self._idle.popleft().set()
+            self._idle.wake_one()
         return False
 
     def _check_order(self, reader: _Reader, msg: Message) -> None:
@@ -1126,9 +1124,7 @@ class Consumer:
         assert handler is not None
         while not self._stopping:
             if not queue:
-                event = anyio.Event()
-                idle.append(event)
-                await event.wait()
+                await idle.wait()
                 continue
             msg = popleft()
             slots[slot] = msg
@@ -1141,7 +1137,7 @@ class Consumer:
                         value = stop.value
                     else:
                         if queue and idle:
-                            idle.popleft().set()
+                            idle.wake_one()
                         value = await _Resume(coro, step)
                 else:
                     value = coro
