@@ -141,6 +141,10 @@ class _EagerFuture(asyncio.Future[bytes]):
     def wake(self) -> None:
         self._wake(eager=asyncio.current_task(self.get_loop()) is None)
 
+    def schedule(self) -> None:
+        """Wake the waiting task on the loop's next pass, as a plain future does."""
+        self._wake(eager=False)
+
     def _wake(self, eager: bool) -> None:
         waker = self._waker
         if waker is None:

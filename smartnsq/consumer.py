@@ -876,7 +876,8 @@ class Consumer:
             return True
         self._queue.append(msg)
         if self._idle:
-            self._idle.wake_one()
+            # Ordered: the partition waits for this very answer, so its worker runs now.
+            self._idle.wake_one(eager=reader.ordered)
         return False
 
     def _check_order(self, reader: _Reader, msg: Message) -> None:
