@@ -31,6 +31,15 @@ _SPARK_OWN = frozenset({"path", "checkpointlocation", "queryname"})
 
 _COMMON = ("lookupd", "nsqd", "topic")
 WRITE_OPTIONS = (*_COMMON, "ignoreExtraColumns", "batchSize")
+# Options that only a replayable (Youzan partitioned) topic can honour.
+OFFSET_OPTIONS = (
+    "startingOffsets",
+    "endingOffsets",
+    "startingTimestamp",
+    "endingTimestamp",
+    "maxOffsetsPerTrigger",
+    "failOnDataLoss",
+)
 READ_OPTIONS = (
     *_COMMON,
     "channel",
@@ -41,21 +50,7 @@ READ_OPTIONS = (
     "touchIntervalMs",
     # Youzan partitioned topics (see smartnsq.spark.youzan_reader)
     "clusterKind",
-    "startingOffsets",
-    "endingOffsets",
-    "startingTimestamp",
-    "endingTimestamp",
-    "maxOffsetsPerTrigger",
-    "failOnDataLoss",
-)
-# Options that only a replayable (Youzan partitioned) topic can honour.
-OFFSET_OPTIONS = (
-    "startingOffsets",
-    "endingOffsets",
-    "startingTimestamp",
-    "endingTimestamp",
-    "maxOffsetsPerTrigger",
-    "failOnDataLoss",
+    *OFFSET_OPTIONS,
 )
 CLUSTER_KINDS = ("auto", "classic", "youzan")
 

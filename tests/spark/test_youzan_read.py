@@ -64,6 +64,20 @@ def values(rows: list[Any]) -> list[bytes]:
     return [bytes(r.value) for r in rows]
 
 
+def drain(spark: Any, cluster: Any, topic: str, **options: Any) -> list[bytes]:
+    """The values a new availableNow stream reads with these options."""
+    name = unique("sy_q")
+    query = (
+        stream(spark, cluster, topic, **options)
+        .writeStream.format("memory")
+        .queryName(name)
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180) and query.exception() is None
+    return values(spark.sql(f"SELECT value FROM {name}").collect())
+
+
 def test_restarted_stream_reads_exactly_what_it_had_not(
     spark: Any, youzan_cluster: Any, tmp_path: Any
 ) -> None:
@@ -115,16 +129,7 @@ def test_stream_from_json_offsets(spark: Any, youzan_cluster: Any) -> None:
     assert all(len(v) == 10 for v in by_part.values())
     fourth = by_part[0][3][0]
     start = json.dumps({topic: {"0": fourth, "1": -2, "2": -1}})
-    name = unique("sy_json_q")
-    query = (
-        stream(spark, youzan_cluster, topic, startingOffsets=start)
-        .writeStream.format("memory")
-        .queryName(name)
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert query.awaitTermination(180) and query.exception() is None
-    got = sorted(values(spark.sql(f"SELECT value FROM {name}").collect()))
+    got = sorted(drain(spark, youzan_cluster, topic, startingOffsets=start))
     expected = [v for _, v in by_part[0][3:]] + [v for _, v in by_part[1]]
     assert got == sorted(expected)
 
@@ -276,17 +281,8 @@ def test_ordered_topic_is_read_by_offsets_in_order(spark: Any, youzan_cluster: A
         endingOffsets=json.dumps({topic: {"0": p0[8], "1": -1, "2": -1}}),
     ).collect()
     assert values(later) == [b"o-p0-%04d" % i for i in range(4, 8)]
-    name = unique("sy_ordered_q")
-    query = (
-        stream(spark, youzan_cluster, topic, startingOffsets="earliest", maxOffsetsPerTrigger=10)
-        .writeStream.format("memory")
-        .queryName(name)
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert query.awaitTermination(180) and query.exception() is None
-    got = spark.sql(f"SELECT value FROM {name}").collect()
-    assert sorted(values(got)) == sorted(sent)
+    got = drain(spark, youzan_cluster, topic, startingOffsets="earliest", maxOffsetsPerTrigger=10)
+    assert sorted(got) == sorted(sent)
     for p, node in info["partitions"].items():
         http = f"{node['broadcast_address']}:{node['http_port']}"
         stats = http_json(f"http://{http}/stats?format=json&topic={topic}&partition={p}")
@@ -318,16 +314,7 @@ def test_reads_from_and_to_a_time(spark: Any, youzan_cluster: Any) -> None:
     assert sorted(got) == sorted(sent_b)
     later = int(time.time() + 3600) * 1000  # no message yet: every partition's end
     assert batch(spark, youzan_cluster, topic, startingTimestamp=later).count() == 0
-    name = unique("sy_time_q")
-    query = (
-        stream(spark, youzan_cluster, topic, startingTimestamp=at_c)
-        .writeStream.format("memory")
-        .queryName(name)
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert query.awaitTermination(180) and query.exception() is None
-    assert sorted(values(spark.sql(f"SELECT value FROM {name}").collect())) == sorted(sent_c)
+    assert sorted(drain(spark, youzan_cluster, topic, startingTimestamp=at_c)) == sorted(sent_c)
     text = failure(
         lambda: batch(
             spark, youzan_cluster, topic, startingTimestamp=at_b, startingOffsets="latest"
