@@ -41,6 +41,7 @@ from smartnsq._checks import (
     owner,
     wrong_owner,
 )
+from smartnsq.backoff import RESUME, Backoff, Window
 from smartnsq.connection import Connection, ConnectionConfig, parse_address
 from smartnsq.errors import (
     ConnectionClosed,
@@ -480,9 +481,7 @@ class Consumer:
         self.requeue_delay = requeue_delay
         self.max_requeue_delay = max_requeue_delay
         self._backoff_enabled = backoff
-        self.max_backoff_duration = max_backoff_duration
-        self.backoff_unit = backoff_unit
-        self._max_backoff_level = max(1, math.ceil(math.log2(max_backoff_duration / backoff_unit)))
+        self._backoff = Backoff(backoff_unit, max_backoff_duration)
         self.lookupd_poll_interval = lookupd_poll_interval
         self.lookupd_poll_jitter = lookupd_poll_jitter
         self.reconnect_min = reconnect_min
@@ -526,9 +525,6 @@ class Consumer:
         self._lookup_failures = 0
         self._failures: dict[Target, int] = {}  # failed connection attempts in a row
         self._received = self._finished = self._requeued = self._discarded = 0
-        self._backoff_level = 0
-        self._backoff_blocked = False
-        self._backoff_epoch = 0
         self._tg: anyio.abc.TaskGroup | None = None
         self._workers: anyio.CancelScope | None = None
         self._requery = anyio.Event()
@@ -652,7 +648,7 @@ class Consumer:
             await self._stopped.wait()
             return
         self._stopping = True
-        self._backoff_epoch += 1
+        self._backoff.cancel()
         for reader in list(self._readers.values()):
             reader.set_rdy(0)
         while self._queue:  # never started: give them back right away
@@ -759,7 +755,7 @@ class Consumer:
             A [`ConsumerStats`][smartnsq.ConsumerStats] snapshot (``nodes``: per connection).
         """
         counts = self._received, self._finished, self._requeued, self._discarded
-        return consumer_stats(*counts, self._backoff_level, list(self._readers.values()))
+        return consumer_stats(*counts, self._backoff.level, list(self._readers.values()))
 
     # -- pulling ---------------------------------------------------------------------------------
 
@@ -801,7 +797,7 @@ class Consumer:
         if (
             reader.rdy
             and reader.rdy_left <= reader.rdy >> 2
-            and not self._backoff_level
+            and not self._backoff.level
             and not reader.ordered
         ):
             reader.set_rdy(reader.rdy)
@@ -989,7 +985,7 @@ class Consumer:
     def _send_all_fins(self, in_task: bool) -> bool:
         """Write the FINs handler threads queued; False when that needs a task (the backoff
         bookkeeping may start one)."""
-        if self._backoff_level and not in_task:
+        if self._backoff.level and not in_task:
             return False
         pool = self._pool
         if pool is not None:
@@ -1022,7 +1018,7 @@ class Consumer:
         n = len(ids)
         if self._write_answers(reader, ids, b"FIN ", b"\n", "finish"):
             self._finished += n
-        if self._backoff_level:
+        if self._backoff.level:
             for _ in range(n):
                 self._backoff_result(success=True)
 
@@ -1161,7 +1157,7 @@ class Consumer:
                         self._answer_lost(msg, "finish")
                     else:
                         self._finished += 1
-                    if self._backoff_level:
+                    if self._backoff.level:
                         self._backoff_result(success=True)
             slots[slot] = None
 
@@ -1233,7 +1229,7 @@ class Consumer:
         else:
             if count:
                 self._finished += 1
-        if self._backoff_level and count:
+        if self._backoff.level and count:
             self._backoff_result(success=True)
 
     def _requeue(self, msg: Message, delay: float | None, backoff: bool) -> None:
@@ -1259,38 +1255,32 @@ class Consumer:
     # -- backoff ---------------------------------------------------------------------------------
 
     def _backoff_result(self, success: bool) -> None:
-        """Count one handler result. While a backoff window is open, results do not count."""
-        if self._backoff_blocked or self._stopping:
+        """Count one handler result (see smartnsq.backoff) and do what it asks."""
+        if self._stopping:
             return
-        entering = self._backoff_level == 0
-        if success:
-            if self._backoff_level == 0:
-                return
-            self._backoff_level -= 1
-        else:
-            self._backoff_level = min(self._backoff_level + 1, self._max_backoff_level)
-        if self._backoff_level == 0:
+        step = self._backoff.result(success)
+        if step is None:
+            return
+        if step == RESUME:
             log.info("backoff over; resuming full RDY")
             self._redistribute()
             return
-        self._open_backoff_window(logging.INFO if entering else logging.DEBUG)
-
-    def _open_backoff_window(self, level: int) -> None:
-        self._backoff_blocked = True
-        self._backoff_epoch += 1
+        assert isinstance(step, Window)
         for reader in self._readers.values():
             reader.set_rdy(0)
-        interval = min(self.backoff_unit * 2**self._backoff_level, self.max_backoff_duration)
-        interval *= random.uniform(0.8, 1.0)
-        log.log(level, "backing off for %.2fs (level %d)", interval, self._backoff_level)
+        log.log(
+            logging.INFO if step.entering else logging.DEBUG,
+            "backing off for %.2fs (level %d)",
+            step.interval,
+            self._backoff.level,
+        )
         if self._tg is not None:
-            self._tg.start_soon(self._end_backoff_window, interval, self._backoff_epoch)
+            self._tg.start_soon(self._end_backoff_window, step.interval, step.epoch)
 
     async def _end_backoff_window(self, interval: float, epoch: int) -> None:
         await anyio.sleep(interval)
-        if epoch != self._backoff_epoch or self._stopping:
+        if self._stopping or not self._backoff.window_over(epoch):
             return
-        self._backoff_blocked = False
         readers = [r for r in self._readers.values() if r.conn.usable]
         if readers and self._max_in_flight:
             random.choice(readers).set_rdy(1)  # test the waters with one message
@@ -1303,7 +1293,7 @@ class Consumer:
         readers = [r for r in self._readers.values() if r.conn.usable]
         if not readers:
             return
-        if self._backoff_level:
+        if self._backoff.level:
             if self._max_in_flight == 0:
                 for r in readers:
                     r.set_rdy(0)
@@ -1455,7 +1445,7 @@ class Consumer:
                     " (ordered)" if ordered else "",
                     f" again after {failed} failed attempts" if failed else "",
                 )
-                if not self._backoff_level and self._max_in_flight:
+                if not self._backoff.level and self._max_in_flight:
                     reader.set_rdy(1)  # prove the connection before giving it a full share
                 self._redistribute()
         finally:
