@@ -3,10 +3,11 @@ a topic expanded to more partitions, a partition whose leader moves to another n
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -137,6 +138,29 @@ async def _run_in_thread(fn: Callable[[], None]) -> None:
     await anyio.to_thread.run_sync(fn)
 
 
+@contextlib.asynccontextmanager
+async def running(
+    topic: str, traffic: Traffic, received: Received, settle: float, **options: Any
+) -> AsyncIterator[Consumer]:
+    """A consumer of channel "a" on both partitions and the four publishers under way (100
+    acknowledged each) for the body; then the publishers stop and every acknowledged
+    message must arrive within ``settle`` seconds."""
+    async with Consumer(
+        topic, "a", received.handle, lookupd_http_addresses=traffic.lookupd, **options
+    ) as consumer:
+        await wait_until(lambda: consumer.stats().connections == 2, 30, "both partitions")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(traffic.run_async)
+            tg.start_soon(_run_in_thread, traffic.run_sync)
+            try:
+                await wait_until(lambda: all(len(v) >= 100 for v in traffic.ok.values()), 60)
+                yield consumer
+            finally:  # the blocking publisher's thread cannot be cancelled
+                traffic.stop.set()
+        sent = traffic.acknowledged()
+        await wait_until(lambda: set(received.count) >= sent, settle, "every acknowledged message")
+
+
 async def test_expanded_topic_is_followed_without_restarts(youzan_cluster, anyio_backend):
     """2 partitions become 3 while four publishers and a consumer run: round robin and keys
     use the new partition count after the next lookup, the consumer subscribes to the new
@@ -147,38 +171,22 @@ async def test_expanded_topic_is_followed_without_restarts(youzan_cluster, anyio
     lookupd = lookupds(youzan_cluster)
     received = Received()
     traffic = Traffic(topic, lookupd, lookupd_poll_interval=0.5, timeout=30, max_retries=12)
-    async with Consumer(
-        topic,
-        "a",
-        received.handle,
-        lookupd_http_addresses=lookupd,
-        lookupd_poll_interval=0.5,
-        max_in_flight=50,
+    async with running(
+        topic, traffic, received, 60, lookupd_poll_interval=0.5, max_in_flight=50
     ) as consumer:
-        await wait_until(lambda: consumer.stats().connections == 2, 30, "both partitions")
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(traffic.run_async)
-            tg.start_soon(_run_in_thread, traffic.run_sync)
-            try:
-                await wait_until(lambda: all(len(v) >= 100 for v in traffic.ok.values()), 60)
-                before = {s: len(v) for s, v in traffic.ok.items()}
-                await anyio.to_thread.run_sync(lambda: expand_topic(youzan_cluster, topic, 3))
-                await wait_until(
-                    lambda: received.by_partition[2] >= set(STREAMS),
-                    60,
-                    "every stream on partition 2",
-                )
-                late = {s: len(v) for s, v in traffic.ok.items()}
-                await wait_until(
-                    lambda: all(len(traffic.ok[s]) >= late[s] + 100 for s in STREAMS),
-                    60,
-                    "more traffic after the expansion",
-                )
-            finally:  # the blocking publisher's thread cannot be cancelled
-                traffic.stop.set()
-        sent = traffic.acknowledged()
-        await wait_until(lambda: set(received.count) >= sent, 60, "every acknowledged message")
+        before = {s: len(v) for s, v in traffic.ok.items()}
+        await anyio.to_thread.run_sync(lambda: expand_topic(youzan_cluster, topic, 3))
+        await wait_until(
+            lambda: received.by_partition[2] >= set(STREAMS), 60, "every stream on partition 2"
+        )
+        late = {s: len(v) for s, v in traffic.ok.items()}
+        await wait_until(
+            lambda: all(len(traffic.ok[s]) >= late[s] + 100 for s in STREAMS),
+            60,
+            "more traffic after the expansion",
+        )
         assert consumer.stats().connections == 3
+    sent = traffic.acknowledged()
 
     assert not traffic.failed, traffic.failed[:5]
     redelivered = {b: n for b, n in received.count.items() if n > 1}
@@ -209,41 +217,21 @@ async def test_moved_leader_is_followed_by_producers_and_consumer(cluster_factor
     traffic = Traffic(
         topic, lookupd, lookupd_poll_interval=0.5, timeout=60, max_retries=30, retry_backoff=0.1
     )
-    async with Consumer(
-        topic,
-        "a",
-        received.handle,
-        lookupd_http_addresses=lookupd,
-        lookupd_poll_interval=0.5,
-        max_in_flight=50,
-    ) as consumer:
-        await wait_until(lambda: consumer.stats().connections == 2, 30, "both partitions")
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(traffic.run_async)
-            tg.start_soon(_run_in_thread, traffic.run_sync)
-            try:
-                await wait_until(lambda: all(len(v) >= 100 for v in traffic.ok.values()), 60)
-                await anyio.to_thread.run_sync(lambda: cluster.kill_nsqd(leader, signal.SIGTERM))
-                after = {s: len(v) for s, v in traffic.ok.items()}
-                # Partition 0 goes on, on another nsqd: new messages of every stream arrive.
-                await every_stream_on_partition_0(
-                    received,
-                    traffic,
-                    after,
-                    90,
-                    "every stream on partition 0 after its leader stopped",
-                )
-                await anyio.to_thread.run_sync(lambda: cluster.restart_nsqd(leader))
-                again = {s: len(v) for s, v in traffic.ok.items()}
-                await wait_until(
-                    lambda: all(len(traffic.ok[s]) >= again[s] + 100 for s in STREAMS),
-                    60,
-                    "more traffic after the restart",
-                )
-            finally:  # the blocking publisher's thread cannot be cancelled
-                traffic.stop.set()
-        sent = traffic.acknowledged()
-        await wait_until(lambda: set(received.count) >= sent, 90, "every acknowledged message")
+    async with running(topic, traffic, received, 90, lookupd_poll_interval=0.5, max_in_flight=50):
+        await anyio.to_thread.run_sync(lambda: cluster.kill_nsqd(leader, signal.SIGTERM))
+        after = {s: len(v) for s, v in traffic.ok.items()}
+        # Partition 0 goes on, on another nsqd: new messages of every stream arrive.
+        await every_stream_on_partition_0(
+            received, traffic, after, 90, "every stream on partition 0 after its leader stopped"
+        )
+        await anyio.to_thread.run_sync(lambda: cluster.restart_nsqd(leader))
+        again = {s: len(v) for s, v in traffic.ok.items()}
+        await wait_until(
+            lambda: all(len(traffic.ok[s]) >= again[s] + 100 for s in STREAMS),
+            60,
+            "more traffic after the restart",
+        )
+    sent = traffic.acknowledged()
 
     check_leader_change("leader change", received, traffic, sent)
 
@@ -264,22 +252,13 @@ async def test_leader_moved_by_the_admin_is_followed_without_waiting_for_a_poll(
     lookupd = lookupds(youzan_cluster)
     received = Received()
     traffic = Traffic(topic, lookupd, timeout=30, max_retries=12)
-    async with Consumer(topic, "a", received.handle, lookupd_http_addresses=lookupd) as consumer:
-        await wait_until(lambda: consumer.stats().connections == 2, 30, "both partitions")
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(traffic.run_async)
-            tg.start_soon(_run_in_thread, traffic.run_sync)
-            try:
-                await wait_until(lambda: all(len(v) >= 100 for v in traffic.ok.values()), 60)
-                await anyio.to_thread.run_sync(lambda: move_leader(youzan_cluster, topic, 0, other))
-                after = {s: len(v) for s, v in traffic.ok.items()}
-                # Well within the 60 s poll: only the move itself can have told them.
-                await every_stream_on_partition_0(
-                    received, traffic, after, 30, "every stream on partition 0 after the move"
-                )
-            finally:  # the blocking publisher's thread cannot be cancelled
-                traffic.stop.set()
-        sent = traffic.acknowledged()
-        await wait_until(lambda: set(received.count) >= sent, 60, "every acknowledged message")
+    async with running(topic, traffic, received, 60):
+        await anyio.to_thread.run_sync(lambda: move_leader(youzan_cluster, topic, 0, other))
+        after = {s: len(v) for s, v in traffic.ok.items()}
+        # Well within the 60 s poll: only the move itself can have told them.
+        await every_stream_on_partition_0(
+            received, traffic, after, 30, "every stream on partition 0 after the move"
+        )
+    sent = traffic.acknowledged()
 
     check_leader_change("admin move", received, traffic, sent)
