@@ -52,7 +52,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("smartnsq.offsets")
 
-_SETTLE_TRIES = 40  # x 25 ms: how long a channel's end may lag its topic's
+# How long a channel's end may lag its topic's: SETTLE_TRIES reads, SETTLE_PAUSE apart.
+SETTLE_TRIES = 40
+SETTLE_PAUSE = 0.025
 
 
 @dataclass(frozen=True)
@@ -206,9 +208,9 @@ async def stats(
         tries += 1
         body = await _request(client, "GET", url, params)
         numbers = leader_numbers(body, http_address(node), topic, partition, channel)
-        if numbers.settled or tries >= _SETTLE_TRIES:
+        if numbers.settled or tries >= SETTLE_TRIES:
             return numbers
-        await anyio.sleep(0.025)
+        await anyio.sleep(SETTLE_PAUSE)
 
 
 def stats_params(topic: str, partition: int, channel: str | None) -> dict[str, str]:

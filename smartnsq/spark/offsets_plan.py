@@ -104,24 +104,26 @@ def resolve_start(
     """The starting offsets the options ask for (``startingOffsets`` or
     ``startingTimestamp``; ``default`` when neither is given)."""
     spec = settings.starting_offsets or default
-    return resolve(option_name(spec, ending=False), spec, infos, settings.channel)
+    return resolve(option_name(spec, ending=False), spec, infos, settings.channel_prefix)
 
 
 def resolve_end(settings: Settings, infos: Sequence[PartitionInfo]) -> Offsets:
     spec = settings.ending_offsets or "latest"
-    return resolve(option_name(spec, ending=True), spec, infos, settings.channel)
+    return resolve(option_name(spec, ending=True), spec, infos, settings.channel_prefix)
 
 
 def resolve(
-    option: str, spec: Spec, infos: Sequence[PartitionInfo], channel_prefix: str | None = None
+    option: str,
+    spec: Spec,
+    infos: Sequence[PartitionInfo],
+    channel_prefix: str = DEFAULT_CHANNEL_PREFIX,
 ) -> Offsets:
     """Per-partition queue offsets for ``spec`` now; an error names ``option``.
 
     A time is looked up through a throw-away channel named after ``channel_prefix``."""
     known = {i.partition: i for i in infos}
     if isinstance(spec, At):
-        prefix = channel_prefix or DEFAULT_CHANNEL_PREFIX
-        return youzan.offsets_at_time(list(infos), spec.ms // 1000, prefix)
+        return youzan.offsets_at_time(list(infos), spec.ms // 1000, channel_prefix)
     if spec == "earliest":
         return {p: i.earliest for p, i in known.items()}
     if spec == "latest":

@@ -103,6 +103,11 @@ class Settings:
     offset_options: tuple[str, ...] = ()  # which of OFFSET_OPTIONS were given
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 
+    @property
+    def channel_prefix(self) -> str:
+        """Youzan reads: what the channels of the tasks (and time look-ups) are named after."""
+        return self.channel or DEFAULT_CHANNEL_PREFIX
+
     def addresses(self) -> dict[str, Any]:
         """The address keyword arguments of Producer and Consumer."""
         return {
@@ -380,7 +385,7 @@ def _check_client(settings: Settings, client: type) -> None:
     """Build (never start) the client once, so that its own checks run now, on the driver."""
     args: tuple[str, ...] = ()
     if "channel" in inspect.signature(client).parameters:  # a Consumer
-        args = (settings.topic or "", settings.channel or DEFAULT_CHANNEL_PREFIX)
+        args = (settings.topic or "", settings.channel_prefix)
     try:
         client(*args, **settings.client_kwargs())
     except (InvalidArgument, InvalidType) as exc:

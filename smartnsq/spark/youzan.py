@@ -23,13 +23,19 @@ import httpx
 from smartnsq.errors import LookupFailed, NsqdHttpFailed, NSQError, TopicNotFound
 from smartnsq.lookup.client import ACCEPT, tls_verify
 from smartnsq.lookup.model import TopicLayout, loads, parse_lookup
-from smartnsq.offsets import http_address, leader_numbers, partition_leaders, stats_params
+from smartnsq.offsets import (
+    SETTLE_PAUSE,
+    SETTLE_TRIES,
+    http_address,
+    leader_numbers,
+    partition_leaders,
+    stats_params,
+)
 from smartnsq.protocol.offsets import PartitionNumbers
 
 log = logging.getLogger("smartnsq.spark")
 
 HTTP_TIMEOUT = 10.0
-_SETTLE_TRIES = 40  # x 25 ms: how long a new channel may lag its topic's end
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,10 @@ def _post(http: str, path: str, params: dict[str, str], body: bytes = b"") -> No
         raise LookupFailed(f"nsqd {http}: {path} answered HTTP {r.status_code}: {r.text[:200]}")
 
 
+def _channel_params(info: PartitionInfo, channel: str) -> dict[str, str]:
+    return {"topic": info.topic, "partition": str(info.partition), "channel": channel}
+
+
 def task_channel(prefix: str) -> str:
     """A channel name no other reader uses (nsqd allows 64 characters), stamped with its
     creation time so that one left behind can be told from one in use (see
@@ -167,15 +177,15 @@ def offsets_at_time(infos: list[PartitionInfo], seconds: int, prefix: str) -> di
     out: dict[int, int] = {}
     for info in infos:
         channel = task_channel(prefix)
-        params = {"topic": info.topic, "partition": str(info.partition), "channel": channel}
+        params = _channel_params(info, channel)
         _post(info.http, "/channel/create", params)
         try:
             _post(info.http, "/channel/setoffset", params, b"timestamp:%d" % seconds)
-            for _ in range(_SETTLE_TRIES):
+            for _ in range(SETTLE_TRIES):
                 n = _stats(info.http, info.topic, info.partition, channel)
                 if n.settled:  # the channel has seen the topic's end: its position is exact
                     break
-                time.sleep(0.025)
+                time.sleep(SETTLE_PAUSE)
             if n.channel_offset is None:
                 raise NsqdHttpFailed(f"nsqd {info.http} does not report channel {channel}")
             out[info.partition] = n.channel_offset
@@ -187,7 +197,7 @@ def offsets_at_time(infos: list[PartitionInfo], seconds: int, prefix: str) -> di
 def open_channel(info: PartitionInfo, channel: str, start: int) -> None:
     """Create ``channel`` on the partition leader, its cursor at the first message whose
     queue offset is >= ``start``."""
-    params = {"topic": info.topic, "partition": str(info.partition), "channel": channel}
+    params = _channel_params(info, channel)
     _post(info.http, "/channel/create", params)
     if info.ordered:
         # Ordered before anything is read: a channel that turns ordered on its first
@@ -200,7 +210,7 @@ def open_channel(info: PartitionInfo, channel: str, start: int) -> None:
 
 def delete_channel(info: PartitionInfo, channel: str) -> None:
     """Remove ``channel``; a failure is logged, never raised (the rows are already read)."""
-    params = {"topic": info.topic, "partition": str(info.partition), "channel": channel}
+    params = _channel_params(info, channel)
     try:
         _post(info.http, "/channel/delete", params)
     except NSQError as exc:

@@ -29,7 +29,7 @@ from smartnsq.consumer import Consumer
 from smartnsq.protocol.handshake import ConnectionConfig
 from smartnsq.spark import offsets_plan as plan
 from smartnsq.spark import youzan
-from smartnsq.spark.options import DEFAULT_CHANNEL_PREFIX, Settings
+from smartnsq.spark.options import Settings
 from smartnsq.spark.range_read import read_range
 from smartnsq.spark.youzan import PartitionInfo
 
@@ -49,9 +49,7 @@ class RangePartition(InputPartition):
 def connection_config(settings: Settings) -> ConnectionConfig:
     """The connection settings (TLS, auth, timeouts...) the ``nsq.*`` options give a Consumer."""
     assert settings.topic is not None
-    consumer = Consumer(
-        settings.topic, settings.channel or DEFAULT_CHANNEL_PREFIX, **settings.client_kwargs()
-    )
+    consumer = Consumer(settings.topic, settings.channel_prefix, **settings.client_kwargs())
     return dataclasses.replace(consumer._config)
 
 
@@ -69,7 +67,7 @@ class _RangeReads:
         now = time.monotonic()
         if now - getattr(self, "_tidied", -_TIDY_INTERVAL) >= _TIDY_INTERVAL:
             self._tidied = now
-            youzan.remove_orphans(infos, self.settings.channel or DEFAULT_CHANNEL_PREFIX)
+            youzan.remove_orphans(infos, self.settings.channel_prefix)
 
     def _ranges(
         self, start: plan.Offsets, end: plan.Offsets, infos: Sequence[PartitionInfo]
@@ -92,7 +90,7 @@ class _RangeReads:
             partition.start,
             partition.end,
             connection_config(self.settings),
-            self.settings.channel or DEFAULT_CHANNEL_PREFIX,
+            self.settings.channel_prefix,
             to_arrow_schema(self.schema, timezone="UTC"),
         )
 
