@@ -15,12 +15,14 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
 
+from smartnsq.busy_poll import BusyPoll
 from smartnsq.errors import (
     ConnectFailed,
     ConnectionClosed,
@@ -191,6 +193,13 @@ class _FutureWaiter:
 _Waiter = _EventWaiter | _FutureWaiter
 
 
+def _keep_polling(loop: Any, future: asyncio.Future[bytes], until: float) -> None:
+    """Until ``future`` is done or the time is up: with a callback always ready, each pass
+    of the loop polls its sockets without sleeping."""
+    if not future.done() and time.perf_counter() < until:
+        loop.call_soon(_keep_polling, loop, future, until)
+
+
 class Connection:
     """A handshaken connection to one nsqd. Create it with [`open`][smartnsq.Connection.open].
 
@@ -246,6 +255,8 @@ class Connection:
         self._clock = self._loop.time if self._loop is not None else anyio.current_time
         self._scope: anyio.CancelScope | None = None
         self._stop_reason: BaseException | None = None
+        # Polling needs a loop that a ready callback keeps from sleeping: asyncio's.
+        self._busy = BusyPoll(config.busy_poll if self._loop is not None else 0.0)
 
     def __repr__(self) -> str:
         return f"<Connection {self.address}{' closed' if self.closed else ''}>"
@@ -562,10 +573,11 @@ class Connection:
         if not self.usable:
             raise self._closed_error()
         link = self._link
-        if self._waiters:
-            link.write(data)  # coalesced with the other requests of this loop pass
-        else:
+        alone = not self._waiters
+        if alone:
             link.write_now(data)  # nothing to wait for: save a loop iteration
+        else:
+            link.write(data)  # coalesced with the other requests of this loop pass
         # Sent (or queued): what follows overlaps with nsqd's work. No answer can be
         # handled before this task yields, so the waiter is queued in time.
         deadline = _INF if timeout is None else self._clock() + timeout
@@ -584,7 +596,16 @@ class Connection:
             except BaseException:
                 waiter.abandon()
                 raise
-        return await waiter.wait()
+        if not (alone and self._busy.limit and isinstance(waiter, _FutureWaiter)):
+            return await waiter.wait()
+        # Alone in flight: keep the loop polling for the answer a while (BusyPoll).
+        sent = time.perf_counter()
+        budget = self._busy.budget()
+        if budget:
+            _keep_polling(self._loop, waiter.future, sent + budget)
+        result = await waiter.wait()
+        self._busy.observe(time.perf_counter() - sent)
+        return result
 
     @property
     def usable(self) -> bool:

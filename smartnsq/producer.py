@@ -144,6 +144,14 @@ class Producer(ProducerCore[_Node]):
             ``pip install 'smartnsq[lz4]'``; a body that lz4 cannot shrink is sent as it is).
         compress_min_size: smallest body, in bytes, that is compressed (go-nsq's
             ``MessageSizeForCompress``, default 20480).
+        busy_poll: Longest time, in seconds, a publish alone in flight on its connection
+            keeps the event loop polling for nsqd's answer before the loop may sleep;
+            default 0.0005, 0 turns it off. On a virtual machine an idle loop can take
+            longer to wake than a local nsqd takes to answer, so this can halve a
+            sequential publish's round trip, for the CPU spent polling. It polls for about
+            twice the answer times seen so far, and not at all while they are longer than
+            ``busy_poll`` (a remote or busy nsqd). Concurrent publishes never poll; nor
+            does a Producer on trio.
 
     Raises:
         InvalidArgument: A value is out of range, or neither ``nsqd_tcp_addresses`` nor

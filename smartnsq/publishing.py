@@ -28,6 +28,7 @@ from smartnsq._checks import (
     check_number,
     check_timeout,
 )
+from smartnsq.busy_poll import DEFAULT_LIMIT as BUSY_POLL_LIMIT
 from smartnsq.errors import (
     ConnectFailed,
     ConnectionClosed,
@@ -302,6 +303,7 @@ class ProducerCore(Generic[N]):
         compress_topics: Iterable[str] = (),
         compress_codec: Literal["snappy", "gzip", "lz4"] = "snappy",
         compress_min_size: int = DEFAULT_MIN_SIZE,
+        busy_poll: float = BUSY_POLL_LIMIT,
     ) -> None:
         nsqd_tcp_addresses = check_addresses("nsqd_tcp_addresses", nsqd_tcp_addresses)
         lookupds = check_lookupd_addresses(
@@ -345,6 +347,7 @@ class ProducerCore(Generic[N]):
             connect_timeout=connect_timeout,
             identify_extra=identify or {},
             auth_over_plaintext=auth_over_plaintext,
+            busy_poll=busy_poll,
         )
         self._by_address: dict[str, N] = {}
         self._direct = [self._node(a) for a in dict.fromkeys(nsqd_tcp_addresses)]

@@ -79,6 +79,9 @@ class ConnectionConfig:
         handshake_timeout: Seconds allowed for the handshake (IDENTIFY, TLS, AUTH).
         max_frame_size: Largest frame accepted from nsqd, in bytes.
         auth_over_plaintext: False refuses to send ``auth_secret`` without TLS.
+        busy_poll: Longest time, in seconds, a request alone in flight polls for its answer
+            before the caller sleeps on it (see ``smartnsq.busy_poll``); 0 never polls.
+            Producers set it from their own ``busy_poll``; consumers leave it 0.
 
     Raises:
         InvalidArgument: A value out of range, or both ``snappy`` and ``deflate``.
@@ -106,6 +109,7 @@ class ConnectionConfig:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     # False: refuse to send auth_secret to an nsqd that asks for it without TLS.
     auth_over_plaintext: bool = True
+    busy_poll: float = 0.0
 
     def __post_init__(self) -> None:
         _checks.check_config(self)

@@ -18,6 +18,7 @@ import threading
 import time
 from collections import deque
 
+from smartnsq.busy_poll import BusyPoll
 from smartnsq.errors import (
     ConnectFailed,
     ConnectionClosed,
@@ -90,6 +91,7 @@ class SyncConnection:
         self.last_read = time.monotonic()
         self._send_timeout = config.handshake_timeout
         self._tls = False
+        self._busy = BusyPoll(config.busy_poll)
 
     def __repr__(self) -> str:
         return f"<SyncConnection {self.address}{' closed' if self.closed else ''}>"
@@ -186,19 +188,26 @@ class SyncConnection:
             if self.closed:
                 raise self._closed_error()
             self._waiters.append(waiter)
+            # Alone in flight: poll for the answer before sleeping on it (BusyPoll).
+            alone = len(self._waiters) == 1 and not self._tls and self._busy.limit > 0.0
+            poll = self._busy.budget() if alone else 0.0
             try:
                 self._write(data if self._compress is None else self._compress(data))
             except OSError as exc:  # a timeout too: part of the command may be out
                 self._fail(ConnectionClosed(f"writing to nsqd {self.address} failed: {exc!r}"))
+            sent = time.perf_counter()
         while not waiter.done:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._read_lock.acquire(timeout=remaining):
                 break
             try:
                 if not waiter.done:
-                    self._read_once(remaining)
+                    self._read_once(remaining, poll)
+                    poll = 0.0
             finally:
                 self._read_lock.release()
+        if alone and waiter.done:
+            self._busy.observe(time.perf_counter() - sent)
         if not waiter.done:
             raise NSQTimeout(f"nsqd {self.address} did not answer in time")
         if waiter.error is not None:
@@ -233,26 +242,17 @@ class SyncConnection:
             finally:
                 self._read_lock.release()
 
-    def _read_once(self, wait: float) -> None:
-        """One read (waiting at most ``wait`` seconds), every frame in it dealt with."""
+    def _read_once(self, wait: float, poll: float = 0.0) -> None:
+        """One read (waiting at most ``wait`` seconds, polling the first ``poll`` of them),
+        every frame in it dealt with."""
         sock = self._sock
         if self.closed:
             return
-        if not (self._tls and sock.pending()):  # type: ignore[attr-defined]
-            try:
-                ready, _, _ = select.select([sock], [], [], wait if wait > 0.0 else 0.0)
-            except (OSError, ValueError) as exc:  # closed under us
-                self._fail(ConnectionClosed(f"connection to nsqd {self.address} broke: {exc!r}"))
+        data = poll_recv(sock, poll) if poll > 0.0 else None
+        if data is None:
+            data = self._wait_recv(wait)
+            if data is None:
                 return
-            if not ready:
-                return
-        try:
-            data = sock.recv(_READ_SIZE)
-        except (BlockingIOError, TimeoutError, ssl.SSLWantReadError):
-            return
-        except OSError as exc:
-            self._fail(ConnectionClosed(f"connection to nsqd {self.address} broke: {exc!r}"))
-            return
         if not data:
             self._fail(ConnectionClosed(f"nsqd {self.address} closed the connection"))
             return
@@ -264,6 +264,25 @@ class SyncConnection:
                 self._on_frame(ftype, payload)
         except NSQError as exc:  # garbage, or a fatal error frame: the connection is over
             self._fail(exc)
+
+    def _wait_recv(self, wait: float) -> bytes | None:
+        """One ``recv`` after waiting up to ``wait`` seconds; None: nothing (or it broke)."""
+        sock = self._sock
+        if not (self._tls and sock.pending()):  # type: ignore[attr-defined]
+            try:
+                ready, _, _ = select.select([sock], [], [], wait if wait > 0.0 else 0.0)
+            except (OSError, ValueError) as exc:  # closed under us
+                self._fail(ConnectionClosed(f"connection to nsqd {self.address} broke: {exc!r}"))
+                return None
+            if not ready:
+                return None
+        try:
+            return sock.recv(_READ_SIZE)
+        except (BlockingIOError, TimeoutError, ssl.SSLWantReadError):
+            return None
+        except OSError as exc:
+            self._fail(ConnectionClosed(f"connection to nsqd {self.address} broke: {exc!r}"))
+            return None
 
     def _on_frame(self, ftype: int, payload: bytes) -> None:
         if ftype == FRAME_RESPONSE:
@@ -344,3 +363,19 @@ class SyncConnection:
                     self._read_lock.release()
         with self._send_lock:
             self._fail(ConnectionClosed(f"connection to nsqd {self.address} closed by the client"))
+
+
+def poll_recv(sock: socket.socket, seconds: float) -> bytes | None:
+    """``recv`` on a non-blocking socket, retried for up to ``seconds``; None if nothing came
+    (or the socket failed: the caller's blocking read reports it)."""
+    recv = sock.recv
+    clock = time.perf_counter
+    end = clock() + seconds
+    while True:
+        try:
+            return recv(_READ_SIZE)
+        except BlockingIOError:
+            if clock() > end:
+                return None
+        except OSError:
+            return None

@@ -130,6 +130,9 @@ class Producer(ProducerCore[_Node]):
             [`smartnsq.Producer`][smartnsq.Producer].
         compress_codec: ``"snappy"`` (default), ``"gzip"`` or ``"lz4"``.
         compress_min_size: smallest body compressed, in bytes (default 20480).
+        busy_poll: Longest time, in seconds, a publish alone in flight on its connection
+            polls for nsqd's answer before the thread sleeps on it; default 0.0005, 0 turns
+            it off. See [`smartnsq.Producer`][smartnsq.Producer].
 
     Raises:
         InvalidArgument: A value is out of range, or neither ``nsqd_tcp_addresses`` nor

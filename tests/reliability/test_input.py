@@ -94,6 +94,9 @@ CASES: list[Any] = [
     pytest.param(
         producer(auth_over_plaintext="no"), IT, "auth_over_plaintext", id="P-auth-plaintext"
     ),
+    pytest.param(producer(busy_poll="0"), IT, "busy_poll must be a number", id="P-busy-str"),
+    pytest.param(producer(busy_poll=-1), IA, "busy_poll must be >= 0", id="P-busy-neg"),
+    pytest.param(producer(busy_poll=0.5), IA, "0 turns polling off", id="P-busy-long"),
     pytest.param(
         producer(nsqd_tcp_addresses=None), IT, "list of 'host:port' strings", id="P-addr-none"
     ),

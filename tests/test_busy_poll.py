@@ -1,0 +1,143 @@
+"""Busy polling for an answer: the sans-IO budget, and the async connection that drives it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import smartnsq.connection as connection_module
+from smartnsq import Connection, ConnectionConfig
+from smartnsq.busy_poll import BusyPoll
+from smartnsq.protocol.frames import OK_FRAME
+from tests.helpers import UVLOOP
+from tests.test_connection import StubLink
+
+waits = st.lists(st.floats(min_value=0.0, max_value=0.1), max_size=40)
+
+
+@given(st.floats(min_value=0.0, max_value=0.01), waits)
+def test_the_budget_never_exceeds_the_limit(limit: float, seen: list[float]) -> None:
+    poll = BusyPoll(limit)
+    for wait in seen:
+        assert 0.0 <= poll.budget() <= limit
+        poll.observe(wait)
+    assert 0.0 <= poll.budget() <= limit
+
+
+def test_polls_for_twice_the_usual_wait_and_not_at_all_when_answers_are_slow() -> None:
+    poll = BusyPoll(0.0005)
+    assert poll.budget() == 0.0005  # nothing seen yet: the limit
+    poll.observe(0.0001)
+    assert poll.budget() == pytest.approx(0.0002)
+    for _ in range(40):
+        poll.observe(0.002)  # a remote or busy nsqd
+    assert poll.budget() == 0.0
+    for _ in range(40):
+        poll.observe(0.0001)  # answers are quick again: polling comes back
+    assert 0.0 < poll.budget() < 0.0005
+    assert BusyPoll(0.0).budget() == 0.0
+
+
+ASYNCIO_LOOPS = pytest.mark.parametrize("anyio_backend", ["asyncio", UVLOOP])
+
+
+class Polls:
+    """Records the passes of the connection's polling callback (found by its module name)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.budgets: list[float] = []  # of each chain started
+        self.passes = 0
+        self.passes_after_answer = 0
+        self._futures: set[int] = set()
+        real = connection_module._keep_polling
+
+        def keep_polling(loop: Any, future: Any, until: float) -> None:
+            if id(future) not in self._futures:
+                self._futures.add(id(future))
+                self.budgets.append(until - connection_module.time.perf_counter())
+            self.passes += 1
+            self.passes_after_answer += future.done()
+            real(loop, future, until)
+
+        monkeypatch.setattr(connection_module, "_keep_polling", keep_polling)
+
+
+def stub(busy_poll: float) -> Connection:
+    return Connection("127.0.0.1:1", StubLink(), ConnectionConfig(busy_poll=busy_poll))  # type: ignore[arg-type]
+
+
+async def ask_alone(conn: Connection, answer_after: float = 0.0) -> bytes:
+    """One request alone in flight, answered after a few loop passes (and ``answer_after``
+    seconds: a slow nsqd)."""
+    got: list[bytes] = []
+
+    async def ask() -> None:
+        got.append(await conn.request(b"PUB t\n", publish=True))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask)
+        while conn.pending < 1:
+            await anyio.sleep(0)
+        for _ in range(5):
+            await anyio.sleep(0)  # passes in which the answer is not there yet
+        if answer_after:
+            await anyio.sleep(answer_after)
+        conn._on_data(OK_FRAME)
+    return got[0]
+
+
+@ASYNCIO_LOOPS
+@pytest.mark.anyio
+async def test_a_lone_request_keeps_the_loop_polling_until_its_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    polls = Polls(monkeypatch)
+    conn = stub(0.01)
+    assert await ask_alone(conn) == b"OK"
+    assert polls.budgets and 0.0 < polls.budgets[0] <= 0.01  # the limit: nothing seen yet
+    assert polls.passes >= 5  # the loop kept polling while the answer was due
+    assert polls.passes_after_answer <= 1  # and stopped once it came
+    assert await ask_alone(conn) == b"OK"
+    assert len(polls.budgets) == 2
+
+
+@ASYNCIO_LOOPS
+@pytest.mark.anyio
+async def test_slow_answers_stop_the_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    polls = Polls(monkeypatch)
+    conn = stub(0.001)
+    assert await ask_alone(conn, answer_after=0.02) == b"OK"  # longer than the limit
+    assert len(polls.budgets) == 1
+    assert await ask_alone(conn) == b"OK"
+    assert len(polls.budgets) == 1  # the usual wait is over the limit: no polling
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", UVLOOP, "trio"])
+@pytest.mark.anyio
+async def test_never_polls_when_off_when_not_alone_or_on_trio(
+    monkeypatch: pytest.MonkeyPatch, anyio_backend: Any
+) -> None:
+    polls = Polls(monkeypatch)
+    assert await ask_alone(stub(0.0)) == b"OK"
+    assert polls.passes == 0
+
+    conn = stub(0.01)
+    got: list[bytes] = []
+
+    async def ask() -> None:
+        got.append(await conn.request(b"PUB t\n", publish=True))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask)
+        while conn.pending < 1:
+            await anyio.sleep(0)
+        tg.start_soon(ask)  # not alone: it starts no polling of its own
+        while conn.pending < 2:
+            await anyio.sleep(0)
+        conn._on_data(OK_FRAME + OK_FRAME)
+    assert got == [b"OK", b"OK"]
+    assert len(polls.budgets) == (0 if anyio_backend == "trio" else 1)
