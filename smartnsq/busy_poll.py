@@ -7,13 +7,31 @@ microseconds to run again; Go's runtime spins briefly before parking for the sam
 So the caller first polls, for about twice the time the answers have been taking and never
 longer than a limit, and sleeps only when the answer is late.
 
+Between polls the poller gives the CPU away (``sched_yield``): an nsqd thread woken on this
+CPU would otherwise wait behind it, and measured, publishes of 200-message batches got faster
+with it. An event loop's poll passes cost more than a blocking ``recv``, and there yielding
+from the start slowed single publishes, so the loop yields only once it has polled for
+``LOOP_YIELD_AFTER``.
+
 Sans-IO: fed the waits it observed, this gives the next poll budget; the blocking and the
 async connections do the polling.
 """
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Callable
+
 DEFAULT_LIMIT = 0.0005  # seconds: an MPUB of a few hundred small messages is answered sooner
+LOOP_YIELD_AFTER = 0.0001  # seconds
+
+
+def _sleep_zero() -> None:
+    time.sleep(0)
+
+
+cpu_yield: Callable[[], None] = getattr(os, "sched_yield", _sleep_zero)
 
 
 class BusyPoll:

@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 
-from smartnsq.busy_poll import BusyPoll
+from smartnsq.busy_poll import LOOP_YIELD_AFTER, BusyPoll, cpu_yield
 from smartnsq.errors import (
     ConnectFailed,
     ConnectionClosed,
@@ -193,11 +193,17 @@ class _FutureWaiter:
 _Waiter = _EventWaiter | _FutureWaiter
 
 
-def _keep_polling(loop: Any, future: asyncio.Future[bytes], until: float) -> None:
+def _keep_polling(loop: Any, future: asyncio.Future[bytes], until: float, calm: float) -> None:
     """Until ``future`` is done or the time is up: with a callback always ready, each pass
-    of the loop polls its sockets without sleeping."""
-    if not future.done() and time.perf_counter() < until:
-        loop.call_soon(_keep_polling, loop, future, until)
+    of the loop polls its sockets without sleeping; from ``calm`` on, each pass also gives
+    the CPU away."""
+    if future.done():
+        return
+    now = time.perf_counter()
+    if now < until:
+        if now > calm:
+            cpu_yield()
+        loop.call_soon(_keep_polling, loop, future, until, calm)
 
 
 class Connection:
@@ -602,7 +608,7 @@ class Connection:
         sent = time.perf_counter()
         budget = self._busy.budget()
         if budget:
-            _keep_polling(self._loop, waiter.future, sent + budget)
+            _keep_polling(self._loop, waiter.future, sent + budget, sent + LOOP_YIELD_AFTER)
         result = await waiter.wait()
         self._busy.observe(time.perf_counter() - sent)
         return result

@@ -55,13 +55,13 @@ class Polls:
         self._futures: set[int] = set()
         real = connection_module._keep_polling
 
-        def keep_polling(loop: Any, future: Any, until: float) -> None:
+        def keep_polling(loop: Any, future: Any, until: float, calm: float) -> None:
             if id(future) not in self._futures:
                 self._futures.add(id(future))
                 self.budgets.append(until - connection_module.time.perf_counter())
             self.passes += 1
             self.passes_after_answer += future.done()
-            real(loop, future, until)
+            real(loop, future, until, calm)
 
         monkeypatch.setattr(connection_module, "_keep_polling", keep_polling)
 
@@ -141,3 +141,14 @@ async def test_never_polls_when_off_when_not_alone_or_on_trio(
         conn._on_data(OK_FRAME + OK_FRAME)
     assert got == [b"OK", b"OK"]
     assert len(polls.budgets) == (0 if anyio_backend == "trio" else 1)
+
+
+@ASYNCIO_LOOPS
+@pytest.mark.anyio
+async def test_a_long_poll_gives_the_cpu_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    yields: list[float] = []
+    monkeypatch.setattr(connection_module, "cpu_yield", lambda: yields.append(1.0))
+    conn = stub(0.01)
+    # Answered after 2 ms: past LOOP_YIELD_AFTER, so the later passes yield.
+    assert await ask_alone(conn, answer_after=0.002) == b"OK"
+    assert yields

@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 
-from smartnsq.busy_poll import BusyPoll
+from smartnsq.busy_poll import BusyPoll, cpu_yield
 from smartnsq.errors import (
     ConnectFailed,
     ConnectionClosed,
@@ -366,8 +366,9 @@ class SyncConnection:
 
 
 def poll_recv(sock: socket.socket, seconds: float) -> bytes | None:
-    """``recv`` on a non-blocking socket, retried for up to ``seconds``; None if nothing came
-    (or the socket failed: the caller's blocking read reports it)."""
+    """``recv`` on a non-blocking socket, retried for up to ``seconds`` and giving the CPU
+    away between tries; None if nothing came (or the socket failed: the caller's blocking
+    read reports it)."""
     recv = sock.recv
     clock = time.perf_counter
     end = clock() + seconds
@@ -377,5 +378,6 @@ def poll_recv(sock: socket.socket, seconds: float) -> bytes | None:
         except BlockingIOError:
             if clock() > end:
                 return None
+            cpu_yield()
         except OSError:
             return None

@@ -97,11 +97,14 @@ def test_slow_answers_stop_the_polling(monkeypatch: Any) -> None:
     assert polls.budgets == [0.002] and polls.answered == [False]
 
 
-def test_poll_recv_returns_data_end_of_stream_or_nothing() -> None:
+def test_poll_recv_returns_data_end_of_stream_or_nothing(monkeypatch: Any) -> None:
+    yields: list[int] = []
+    monkeypatch.setattr(connection_module, "cpu_yield", lambda: yields.append(1))
     a, b = socket.socketpair()
     with a, b:
         a.setblocking(False)
         assert connection_module.poll_recv(a, 0.0005) is None
+        assert yields  # the CPU was given away between the tries
         b.sendall(b"OK")
         assert connection_module.poll_recv(a, 0.0005) == b"OK"
         b.close()
