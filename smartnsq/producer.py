@@ -147,11 +147,12 @@ class Producer(ProducerCore[_Node]):
         busy_poll: Longest time, in seconds, a publish alone in flight on its connection
             keeps the event loop polling for nsqd's answer before the loop may sleep;
             default 0.0005, 0 turns it off. On a virtual machine an idle loop can take
-            longer to wake than a local nsqd takes to answer, so this can halve a
-            sequential publish's round trip, for the CPU spent polling. It polls for about
-            twice the answer times seen so far, and not at all while they are longer than
-            ``busy_poll`` (a remote or busy nsqd). Concurrent publishes never poll; nor
-            does a Producer on trio.
+            longer to wake than a local nsqd takes to answer, so this can cut a
+            sequential publish's round trip by a third or more. It polls for about twice
+            the answer times seen so far (giving the CPU away between polls once it has
+            polled for 0.1 ms), and not at all while they are longer than ``busy_poll``
+            (a remote or busy nsqd). Concurrent publishes never poll; nor does a Producer
+            on trio.
 
     Raises:
         InvalidArgument: A value is out of range, or neither ``nsqd_tcp_addresses`` nor
