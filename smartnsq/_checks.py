@@ -191,12 +191,8 @@ def check_config(c: ConnectionConfig) -> None:
     check_timeout("connect_timeout", c.connect_timeout)
     check_timeout("handshake_timeout", c.handshake_timeout)
     check_number("max_frame_size", c.max_frame_size, integer=True, min=1)
-    check_busy_poll(c.busy_poll)
-
-
-def check_busy_poll(value: Any) -> None:
-    # Longer than this, polling burns a core's worth of time on every slow answer.
-    check_number("busy_poll", value, min=0, max=0.01, hint=" (seconds; 0 turns polling off)")
+    # Longer than 10 ms, polling would burn a core's worth of time on every slow answer.
+    check_number("busy_poll", c.busy_poll, min=0, max=0.01, hint=" (seconds; 0 turns polling off)")
 
 
 def check_lookup_options(
