@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -87,3 +88,17 @@ async def garbage(stream: anyio.abc.SocketStream) -> None:
     await stream.receive()
     await stream.send(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n" * 4)
     await read_until_closed(stream)
+
+
+def accept_identify(sock: socket.socket) -> bytes:
+    """Blocking server side of the handshake: read the magic and the whole IDENTIFY, answer
+    it; returns what the client sent after it."""
+    data = b""
+    while b"IDENTIFY\n" not in data or len(data) < data.index(b"IDENTIFY\n") + 13:
+        data += sock.recv(4096)
+    at = data.index(b"IDENTIFY\n") + 9
+    (size,) = struct.unpack_from(">i", data, at)
+    while len(data) < at + 4 + size:
+        data += sock.recv(4096)
+    sock.sendall(IDENTIFY_OK)
+    return data[at + 4 + size :]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -70,18 +71,24 @@ def stub(busy_poll: float) -> Connection:
     return Connection("127.0.0.1:1", StubLink(), ConnectionConfig(busy_poll=busy_poll))  # type: ignore[arg-type]
 
 
+async def ask(conn: Connection, tg: anyio.abc.TaskGroup, got: list[bytes]) -> None:
+    """Start one request; return once it is queued."""
+
+    async def one() -> None:
+        got.append(await conn.request(b"PUB t\n", publish=True))
+
+    queued = conn.pending + 1
+    tg.start_soon(one)
+    while conn.pending < queued:
+        await anyio.sleep(0)
+
+
 async def ask_alone(conn: Connection, answer_after: float = 0.0) -> bytes:
     """One request alone in flight, answered after a few loop passes (and ``answer_after``
     seconds: a slow nsqd)."""
     got: list[bytes] = []
-
-    async def ask() -> None:
-        got.append(await conn.request(b"PUB t\n", publish=True))
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(ask)
-        while conn.pending < 1:
-            await anyio.sleep(0)
+        await ask(conn, tg, got)
         for _ in range(5):
             await anyio.sleep(0)  # passes in which the answer is not there yet
         if answer_after:
@@ -127,17 +134,9 @@ async def test_never_polls_when_off_when_not_alone_or_on_trio(
 
     conn = stub(0.01)
     got: list[bytes] = []
-
-    async def ask() -> None:
-        got.append(await conn.request(b"PUB t\n", publish=True))
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(ask)
-        while conn.pending < 1:
-            await anyio.sleep(0)
-        tg.start_soon(ask)  # not alone: it starts no polling of its own
-        while conn.pending < 2:
-            await anyio.sleep(0)
+        await ask(conn, tg, got)
+        await ask(conn, tg, got)  # not alone: it starts no polling of its own
         conn._on_data(OK_FRAME + OK_FRAME)
     assert got == [b"OK", b"OK"]
     assert len(polls.budgets) == (0 if anyio_backend == "trio" else 1)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import struct
 import threading
 import time
 from typing import Any
@@ -12,7 +11,7 @@ import pytest
 
 import smartnsq.sync.connection as connection_module
 from smartnsq.sync import Producer
-from tests.fakes import IDENTIFY_OK
+from tests.fakes import accept_identify
 from tests.helpers import topic_stats, unique
 
 
@@ -32,29 +31,23 @@ class Polls:
 
 
 @pytest.mark.integration
-def test_each_lone_publish_polls_for_its_answer(classic_cluster: Any, monkeypatch: Any) -> None:
+@pytest.mark.parametrize("busy_poll", [0.01, 0])
+def test_each_lone_publish_polls_for_its_answer_unless_turned_off(
+    classic_cluster: Any, monkeypatch: Any, busy_poll: float
+) -> None:
     nsqd = classic_cluster.nsqd[0]
     topic = unique("busy")
     polls = Polls(monkeypatch)
-    with Producer([nsqd.tcp], busy_poll=0.01) as producer:
+    with Producer([nsqd.tcp], busy_poll=busy_poll) as producer:
         for i in range(20):
             producer.publish(topic, b"%d" % i)
         producer.publish_many(topic, [b"x"] * 200)
-    assert len(polls.budgets) == 21  # one poll per publish: each was alone in flight
-    assert all(0.0 < b <= 0.01 for b in polls.budgets)
+    if busy_poll:
+        assert len(polls.budgets) == 21  # one poll per publish: each was alone in flight
+        assert all(0.0 < b <= busy_poll for b in polls.budgets)
+    else:
+        assert polls.budgets == []
     assert topic_stats(nsqd.http, topic)["message_count"] == 220  # type: ignore[index]
-
-
-@pytest.mark.integration
-def test_busy_poll_zero_never_polls(classic_cluster: Any, monkeypatch: Any) -> None:
-    nsqd = classic_cluster.nsqd[0]
-    topic = unique("busy")
-    polls = Polls(monkeypatch)
-    with Producer([nsqd.tcp], busy_poll=0) as producer:
-        for _ in range(5):
-            producer.publish(topic, b"x")
-    assert polls.budgets == []
-    assert topic_stats(nsqd.http, topic)["message_count"] == 5  # type: ignore[index]
 
 
 def test_slow_answers_stop_the_polling(monkeypatch: Any) -> None:
@@ -66,15 +59,7 @@ def test_slow_answers_stop_the_polling(monkeypatch: Any) -> None:
     def serve() -> None:
         sock, _ = server.accept()
         with sock:
-            data = b""
-            while b"IDENTIFY\n" not in data or len(data) < data.index(b"IDENTIFY\n") + 13:
-                data += sock.recv(4096)
-            at = data.index(b"IDENTIFY\n") + 9
-            (size,) = struct.unpack_from(">i", data, at)
-            while len(data) < at + 4 + size:
-                data += sock.recv(4096)
-            sock.sendall(IDENTIFY_OK)
-            data = data[at + 4 + size :]
+            data = accept_identify(sock)
             while True:
                 while data.count(b"PUB t\n") == 0 or len(data) < data.index(b"PUB t\n") + 11:
                     more = sock.recv(4096)

@@ -188,7 +188,7 @@ def test_a_large_publish_to_a_slow_reader_is_sent_whole():
     import socket
     import struct
 
-    from tests.fakes import IDENTIFY_OK
+    from tests.fakes import accept_identify
 
     body = bytes(random.getrandbits(8) for _ in range(256)) * (32 * 1024)  # 8 MiB
     command = b"PUB t\n" + struct.pack(">I", len(body)) + body
@@ -199,15 +199,7 @@ def test_a_large_publish_to_a_slow_reader_is_sent_whole():
     def serve() -> None:
         sock, _ = server.accept()
         with sock:
-            data = b""
-            while b"IDENTIFY\n" not in data or len(data) < data.index(b"IDENTIFY\n") + 13:
-                data += sock.recv(4096)
-            at = data.index(b"IDENTIFY\n") + 9
-            (size,) = struct.unpack_from(">i", data, at)
-            while len(data) < at + 4 + size:
-                data += sock.recv(4096)
-            sock.sendall(IDENTIFY_OK)
-            got.extend(data[at + 4 + size :])
+            got.extend(accept_identify(sock))
             while len(got) < len(command):  # small reads: the client's sends fill up
                 got.extend(sock.recv(4096))
             sock.sendall(b"\x00\x00\x00\x06\x00\x00\x00\x00OK")
