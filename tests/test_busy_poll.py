@@ -53,12 +53,12 @@ class Polls:
         self.budgets: list[float] = []  # of each chain started
         self.passes = 0
         self.passes_after_answer = 0
-        self._futures: set[int] = set()
+        self._futures: list[Any] = []  # kept alive: a freed future's id() can come back
         real = connection_module._keep_polling
 
         def keep_polling(loop: Any, future: Any, until: float, calm: float) -> None:
-            if id(future) not in self._futures:
-                self._futures.add(id(future))
+            if not any(f is future for f in self._futures):
+                self._futures.append(future)
                 self.budgets.append(until - connection_module.time.perf_counter())
             self.passes += 1
             self.passes_after_answer += future.done()
@@ -67,8 +67,13 @@ class Polls:
         monkeypatch.setattr(connection_module, "_keep_polling", keep_polling)
 
 
-def stub(busy_poll: float) -> Connection:
-    return Connection("127.0.0.1:1", StubLink(), ConnectionConfig(busy_poll=busy_poll))  # type: ignore[arg-type]
+def stub(busy_poll: float, *, long: bool = False) -> Connection:
+    """A connection on a stub link; ``long``: a poll limit of 1 s (more than a config takes),
+    so a slow test machine cannot end a poll before the test looks at it."""
+    conn = Connection("127.0.0.1:1", StubLink(), ConnectionConfig(busy_poll=busy_poll))  # type: ignore[arg-type]
+    if long:
+        conn._busy = BusyPoll(1.0)
+    return conn
 
 
 async def ask(conn: Connection, tg: anyio.abc.TaskGroup, got: list[bytes]) -> None:
@@ -103,9 +108,9 @@ async def test_a_lone_request_keeps_the_loop_polling_until_its_answer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     polls = Polls(monkeypatch)
-    conn = stub(0.01)
+    conn = stub(0.01, long=True)
     assert await ask_alone(conn) == b"OK"
-    assert polls.budgets and 0.0 < polls.budgets[0] <= 0.01  # the limit: nothing seen yet
+    assert polls.budgets and 0.0 < polls.budgets[0] <= 1.0  # the limit: nothing seen yet
     assert polls.passes >= 5  # the loop kept polling while the answer was due
     assert polls.passes_after_answer <= 1  # and stopped once it came
     assert await ask_alone(conn) == b"OK"
@@ -147,7 +152,7 @@ async def test_never_polls_when_off_when_not_alone_or_on_trio(
 async def test_a_long_poll_gives_the_cpu_away(monkeypatch: pytest.MonkeyPatch) -> None:
     yields: list[float] = []
     monkeypatch.setattr(connection_module, "cpu_yield", lambda: yields.append(1.0))
-    conn = stub(0.01)
+    conn = stub(0.01, long=True)
     # Answered after 2 ms: past LOOP_YIELD_AFTER, so the later passes yield.
     assert await ask_alone(conn, answer_after=0.002) == b"OK"
     assert yields
