@@ -20,6 +20,7 @@ from smartnsq.errors import DataLoss, InvalidArgument
 from smartnsq.protocol.offsets import MAX_TIMESTAMP
 from smartnsq.spark import youzan
 from smartnsq.spark.options import DEFAULT_CHANNEL_PREFIX, Settings
+from smartnsq.spark.range_read import Range
 from smartnsq.spark.youzan import PartitionInfo
 
 log = logging.getLogger("smartnsq.spark")
@@ -208,3 +209,17 @@ def from_spark(topic: str, data: Mapping[str, Mapping[str, int]]) -> Offsets:
             "a checkpoint belongs to one query; use a new checkpointLocation"
         )
     return {int(p): int(o) for p, o in data[topic].items()}
+
+
+def group(ranges: Sequence[Range], per_task: int) -> list[tuple[Range, ...]]:
+    """The tasks of a read: ``ranges`` in as few groups of at most ``per_task`` as that
+    allows, the longest ranges placed first, each on the group with the fewest offsets so
+    far, so that the tasks carry similar amounts."""
+    tasks: list[list[Range]] = [[] for _ in range(-(-len(ranges) // per_task))]
+    sizes = [0] * len(tasks)
+    for r in sorted(ranges, key=lambda r: (r.start - r.end, r.info.partition)):
+        i = min((i for i, t in enumerate(tasks) if len(t) < per_task), key=sizes.__getitem__)
+        tasks[i].append(r)
+        sizes[i] += r.end - r.start
+    ordered = [tuple(sorted(t, key=lambda r: r.info.partition)) for t in tasks]
+    return sorted(ordered, key=lambda t: t[0].info.partition)

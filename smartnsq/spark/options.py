@@ -39,6 +39,7 @@ OFFSET_OPTIONS = (
     "endingTimestamp",
     "maxOffsetsPerTrigger",
     "failOnDataLoss",
+    "partitionsPerTask",
 )
 READ_OPTIONS = (
     *_COMMON,
@@ -77,6 +78,7 @@ DEFAULT_IDLE_TIMEOUT_MS = 2_000
 DEFAULT_POLL_TIMEOUT_MS = 100
 # Youzan reads: each task reads through a channel of its own, named after this prefix.
 DEFAULT_CHANNEL_PREFIX = "spark"
+DEFAULT_PARTITIONS_PER_TASK = 2  # Youzan reads: partitions one task reads at once
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class Settings:
     ending_offsets: Spec | None = field(default=None, compare=False)
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
+    partitions_per_task: int = DEFAULT_PARTITIONS_PER_TASK
     offset_options: tuple[str, ...] = ()  # which of OFFSET_OPTIONS were given
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -372,6 +375,8 @@ def _offsets(values: dict[str, str], topic: str) -> dict[str, Any]:
         )
     if "failOnDataLoss" in values:
         out["fail_on_data_loss"] = parse_bool("failOnDataLoss", values["failOnDataLoss"])
+    if "partitionsPerTask" in values:
+        out["partitions_per_task"] = _positive_int("partitionsPerTask", values["partitionsPerTask"])
     return out
 
 

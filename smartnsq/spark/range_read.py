@@ -1,9 +1,10 @@
-"""One Spark task's read: the messages of one Youzan partition in a queue offset range.
+"""One Spark task's read: the messages of Youzan partitions in queue offset ranges.
 
-The task makes a channel of its own on the partition leader, puts its cursor at ``start``
-(``/channel/setoffset``), subscribes with ``SUB_ADVANCED`` (whose deliveries carry their
-queue offset), FINs what it reads and stops at ``end``; then it deletes the channel. Other
-channels of the topic are never touched, so the read is non-destructive and repeatable.
+For each range the task makes a channel of its own on the partition leader, puts its cursor
+at ``start`` (``/channel/setoffset``), subscribes with ``SUB_ADVANCED`` (whose deliveries
+carry their queue offset), FINs what it reads and stops at ``end``; then it deletes the
+channel. Other channels of the topic are never touched, so the read is non-destructive and
+repeatable.
 
 This module does not import pyspark: the caller gives the Arrow schema of the rows.
 """
@@ -14,7 +15,8 @@ import dataclasses
 import select
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -26,30 +28,64 @@ from smartnsq.protocol.message import MessageLayout, RawMessage, decode_message
 from smartnsq.spark import youzan
 from smartnsq.spark.columns import header_pairs, signed, timestamps
 from smartnsq.spark.youzan import PartitionInfo
-from smartnsq.sync.connection import SyncConnection
 
 ROWS_PER_BATCH = 10_000
 STALL_TIMEOUT = 60.0  # no message for this long while some are due: the task fails
 _READ_SIZE = 1 << 20
 
 
-def read_range(
-    info: PartitionInfo,
-    start: int,
-    end: int,
+@dataclass(frozen=True)
+class Range:
+    """The messages of ``info.partition`` with ``start <= offset < end``."""
+
+    info: PartitionInfo
+    start: int
+    end: int
+
+
+def read_ranges(
+    ranges: Sequence[Range],
     config: ConnectionConfig,
     channel_prefix: str,
     schema: pa.Schema,
 ) -> Iterator[pa.RecordBatch]:
-    """Arrow batches (``schema``) of the messages with ``start <= offset < end``."""
-    if start >= end:
-        return
-    channel = youzan.task_channel(channel_prefix)
-    youzan.open_channel(info, channel, start)
+    """Arrow batches (``schema``) of the messages of every range, the ranges read at once
+    (one connection each): a partition's rows come in offset order, partitions interleave.
+
+    Reading several partitions at once keeps a task busy while one leader is slow to send
+    (the fork's disk queue; one message at a time on an ordered topic).
+    """
+    todo = [r for r in ranges if r.start < r.end]
+    channels: list[tuple[PartitionInfo, str]] = []
+    reads: list[_Read] = []
     try:
-        yield from _read(info, start, end, channel, config, schema)
+        for r in todo:
+            channel = youzan.task_channel(channel_prefix)
+            channels.append((r.info, channel))
+            youzan.open_channel(r.info, channel, r.start)
+        for r, (_, channel) in zip(todo, channels, strict=True):
+            reads.append(_Read(r, channel, config))
+        yield from _pump(reads, schema)
     finally:
-        youzan.delete_channel(info, channel)
+        for read in reads:
+            read.close()
+        for info, channel in channels:
+            youzan.delete_channel(info, channel)
+
+
+def _pump(reads: list[_Read], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    active = list(reads)
+    while active:
+        ready, _, _ = select.select(active, [], [], 1.0)
+        now = time.monotonic()
+        for read in ready:
+            yield from read.receive(schema, now)
+            if read.done:
+                read.close()
+                active.remove(read)
+        if len(ready) < len(active):
+            for read in active:
+                read.check_stall(now)
 
 
 class _Rows:
@@ -72,99 +108,111 @@ class _Rows:
 
 # timestamp, attempts, internal id, trace id (signed: Spark's long), queue offset, raw size
 _PLAIN = struct.Struct(">qHQqQI")
+_LAYOUT = MessageLayout(binary_id=True, ext=True, offset=True)
 
 
-def _read(
-    info: PartitionInfo,
-    start: int,
-    end: int,
-    channel: str,
-    config: ConnectionConfig,
-    schema: pa.Schema,
-) -> Iterator[pa.RecordBatch]:
-    config = dataclasses.replace(config, extend_support=True if info.ext else None)
-    # The connection is ours alone from here on: a plain read loop, no request queue.
-    own = SyncConnection.open(info.nsqd, config, config.connect_timeout).detach(STALL_TIMEOUT)
-    sock = own.sock
-    decoder = own.decoder
-    compress: Callable[[bytes], bytes] = own.compress or _same
-    decompress: Callable[[bytes], bytes] = own.decompress or _same
-    layout = MessageLayout(binary_id=True, ext=True, offset=True)
-    unpack = _PLAIN.unpack_from
-    try:
-        # Four tokens: the fork ignores the partition of a SUB_ADVANCED that also has a start.
-        # An ordered topic takes SUB_ORDERED only (E_SUB_ORDER_IS_MUST); its deliveries carry
-        # their queue offsets too, one message at a time.
-        sub = "SUB_ORDERED" if info.ordered else "SUB_ADVANCED"
-        line = f"{sub} {info.topic} {channel} {info.partition}\n".encode()
-        sock.sendall(compress(line))
-        subscribed = False
-        rows = _new_rows(info)
-        expect = start  # the next message must be at or after this offset
-        last_data = time.monotonic()
-        done = False
-        while not done:
-            ready, _, _ = select.select([sock], [], [], 1.0)
-            if not ready:
-                if time.monotonic() - last_data > STALL_TIMEOUT:
-                    raise NSQTimeout(
-                        f"partition {info.partition} of {info.topic!r} on nsqd {info.nsqd}: "
-                        f"no message for {STALL_TIMEOUT:.0f} s while reading offsets "
-                        f"{expect} to {end}"
-                    )
-                continue
-            data = sock.recv(_READ_SIZE)
-            if not data:
-                raise ConnectionClosed(f"nsqd {info.nsqd} closed the connection mid-read")
-            last_data = time.monotonic()
-            buf, spans = decoder.feed_spans(decompress(data))
-            out: list[bytes] = []  # FINs, and the odd NOP or RDY
-            for ftype, lo, hi in spans:
-                if ftype == FRAME_MESSAGE:
-                    if done:
-                        continue  # sent before nsqd saw us stop: the channel goes anyway
-                    message_id = buf[lo + 10 : lo + 26]
-                    out.append(b"FIN " + message_id + b"\n")
-                    if rows.headers is None:
-                        stamp, tries, _, trace, offset, size = unpack(buf, lo)
-                        body = buf[lo + 38 : hi]
-                    else:
-                        msg = decode_message(buf[lo:hi], layout, RawMessage)
-                        stamp, tries, trace = msg.timestamp, msg.attempts, signed(msg.trace_id)
-                        offset, size, body = msg.offset or 0, msg.raw_size or 1, msg.body
-                    if offset < expect:
-                        continue  # a redelivery of what we already have
-                    if offset >= end:
-                        done = True
-                        continue
-                    rows.bodies.append(body)
-                    rows.offsets.append(offset)
-                    rows.stamps.append(stamp)
-                    rows.attempts.append(tries)
-                    rows.ids.append(message_id)
-                    rows.traces.append(trace)
-                    if rows.headers is not None:
-                        rows.headers.append(header_pairs(msg))
-                    expect = offset + size
-                    done = expect >= end
-                    if len(rows) >= ROWS_PER_BATCH:
-                        yield to_batch(rows, info, schema)
-                        rows = _new_rows(info)
-                elif ftype == FRAME_ERROR:
-                    raise error_from_frame(buf[lo:hi])
+class _Read:
+    """One partition's range, read through a connection of its own (a plain read loop, no
+    request queue): FINs what it reads, stops at ``end``."""
+
+    def __init__(self, r: Range, channel: str, config: ConnectionConfig) -> None:
+        info = r.info
+        self.info, self.end, self.expect = info, r.end, r.start
+        self.done = self.subscribed = False
+        self.rows = _new_rows(info)
+        # Here, not at the top: the driver imports this module too, and smartnsq.sync costs
+        # 40 ms of a query's start there.
+        from smartnsq.sync.connection import SyncConnection
+
+        config = dataclasses.replace(config, extend_support=True if info.ext else None)
+        own = SyncConnection.open(info.nsqd, config, config.connect_timeout).detach(STALL_TIMEOUT)
+        self.sock, self.decoder, self.max_rdy = own.sock, own.decoder, own.features.max_rdy_count
+        self.compress: Callable[[bytes], bytes] = own.compress or _same
+        self.decompress: Callable[[bytes], bytes] = own.decompress or _same
+        self.last_data = time.monotonic()
+        try:
+            # Four tokens: the fork ignores the partition of a SUB_ADVANCED that also has a
+            # start. An ordered topic takes SUB_ORDERED only (E_SUB_ORDER_IS_MUST); its
+            # deliveries carry their queue offsets too, one message at a time.
+            sub = "SUB_ORDERED" if info.ordered else "SUB_ADVANCED"
+            line = f"{sub} {info.topic} {channel} {info.partition}\n".encode()
+            self.sock.sendall(self.compress(line))
+        except BaseException:
+            self.close()
+            raise
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def check_stall(self, now: float) -> None:
+        if now - self.last_data > STALL_TIMEOUT:
+            info = self.info
+            raise NSQTimeout(
+                f"partition {info.partition} of {info.topic!r} on nsqd {info.nsqd}: no message "
+                f"for {STALL_TIMEOUT:.0f} s while reading offsets {self.expect} to {self.end}"
+            )
+
+    def receive(self, schema: pa.Schema, now: float) -> list[pa.RecordBatch]:
+        """Take what the socket has; the batches that filled (and the last one when done)."""
+        data = self.sock.recv(_READ_SIZE)
+        if not data:
+            raise ConnectionClosed(f"nsqd {self.info.nsqd} closed the connection mid-read")
+        self.last_data = now
+        buf, spans = self.decoder.feed_spans(self.decompress(data))
+        info, rows, expect, end, done = self.info, self.rows, self.expect, self.end, self.done
+        unpack = _PLAIN.unpack_from
+        batches: list[pa.RecordBatch] = []
+        out: list[bytes] = []  # FINs, and the odd NOP or RDY
+        for ftype, lo, hi in spans:
+            if ftype == FRAME_MESSAGE:
+                if done:
+                    continue  # sent before nsqd saw us stop: the channel goes anyway
+                message_id = buf[lo + 10 : lo + 26]
+                out.append(b"FIN " + message_id + b"\n")
+                if rows.headers is None:
+                    stamp, tries, _, trace, offset, size = unpack(buf, lo)
+                    body = buf[lo + 38 : hi]
                 else:
-                    payload = buf[lo:hi]
-                    if payload == HEARTBEAT:
-                        out.append(commands.NOP)
-                    elif payload == OK and not subscribed:
-                        subscribed = True
-                        out.append(commands.rdy(own.features.max_rdy_count))
-            if out and not done:
-                sock.sendall(compress(b"".join(out)))
-        if len(rows):
-            yield to_batch(rows, info, schema)
-    finally:
-        sock.close()
+                    msg = decode_message(buf[lo:hi], _LAYOUT, RawMessage)
+                    stamp, tries, trace = msg.timestamp, msg.attempts, signed(msg.trace_id)
+                    offset, size, body = msg.offset or 0, msg.raw_size or 1, msg.body
+                if offset < expect:
+                    continue  # a redelivery of what we already have
+                if offset >= end:
+                    done = True
+                    continue
+                rows.bodies.append(body)
+                rows.offsets.append(offset)
+                rows.stamps.append(stamp)
+                rows.attempts.append(tries)
+                rows.ids.append(message_id)
+                rows.traces.append(trace)
+                if rows.headers is not None:
+                    rows.headers.append(header_pairs(msg))
+                expect = offset + size
+                done = expect >= end
+                if len(rows) >= ROWS_PER_BATCH:
+                    batches.append(to_batch(rows, info, schema))
+                    rows = _new_rows(info)
+            elif ftype == FRAME_ERROR:
+                raise error_from_frame(buf[lo:hi])
+            else:
+                payload = buf[lo:hi]
+                if payload == HEARTBEAT:
+                    out.append(commands.NOP)
+                elif payload == OK and not self.subscribed:
+                    self.subscribed = True
+                    out.append(commands.rdy(self.max_rdy))
+        if out and not done:
+            self.sock.sendall(self.compress(b"".join(out)))
+        if done and len(rows):
+            batches.append(to_batch(rows, info, schema))
+            rows = _new_rows(info)
+        self.rows, self.expect, self.done = rows, expect, done
+        return batches
 
 
 def _new_rows(info: PartitionInfo) -> _Rows:

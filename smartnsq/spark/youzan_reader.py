@@ -1,10 +1,10 @@
 """Reading a Youzan partitioned topic by queue offsets: replayable, like Spark's Kafka source.
 
 Offsets are ``{"<topic>": {"<partition>": <queue offset>}}`` and live only in Spark's
-checkpoint; nothing is committed to nsqd. Each task reads one partition's range
-``[start, end)`` from the partition leader through a channel of its own
-(:mod:`smartnsq.spark.range_read`), so a re-run micro-batch reads the same rows again and no
-other consumer of the topic is disturbed.
+checkpoint; nothing is committed to nsqd. Each task reads the ranges ``[start, end)`` of up
+to ``partitionsPerTask`` partitions at once, each from its leader through a channel of its
+own (:mod:`smartnsq.spark.range_read`), so a re-run micro-batch reads the same rows again and
+no other consumer of the topic is disturbed.
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from smartnsq.consumer import Consumer
 from smartnsq.protocol.handshake import ConnectionConfig
 from smartnsq.spark import offsets_plan as plan
 from smartnsq.spark import youzan
 from smartnsq.spark.options import Settings
-from smartnsq.spark.range_read import read_range
+from smartnsq.spark.range_read import Range, read_ranges
 from smartnsq.spark.youzan import PartitionInfo
 
 OffsetDict = dict[str, dict[str, int]]
@@ -39,15 +38,15 @@ _TIDY_INTERVAL = 300.0  # seconds between looks for channels left by failed task
 
 @dataclass
 class RangePartition(InputPartition):
-    """One task: the messages of ``info.partition`` with ``start <= offset < end``."""
+    """One task: the messages of a few partitions' offset ranges, read at once."""
 
-    info: PartitionInfo
-    start: int
-    end: int
+    ranges: tuple[Range, ...]
 
 
 def connection_config(settings: Settings) -> ConnectionConfig:
     """The connection settings (TLS, auth, timeouts...) the ``nsq.*`` options give a Consumer."""
+    from smartnsq.consumer import Consumer  # here: only tasks need it, not the driver
+
     assert settings.topic is not None
     consumer = Consumer(settings.topic, settings.channel_prefix, **settings.client_kwargs())
     return dataclasses.replace(consumer._config)
@@ -74,21 +73,20 @@ class _RangeReads:
     ) -> list[InputPartition]:
         known = {i.partition: i for i in infos}
         start = plan.check_retained(start, infos, self.settings.fail_on_data_loss)
-        return [
-            RangePartition(known[p], start[p], e)
+        ranges = [
+            Range(known[p], start[p], e)
             for p, e in sorted(end.items())
             if p in known and e > start.get(p, e)
         ]
+        return [RangePartition(g) for g in plan.group(ranges, self.settings.partitions_per_task)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, RangePartition):
             # partitions() found nothing to read (every range empty): Spark then runs one
             # task on a placeholder partition anyway.
             return
-        yield from read_range(
-            partition.info,
-            partition.start,
-            partition.end,
+        yield from read_ranges(
+            partition.ranges,
             connection_config(self.settings),
             self.settings.channel_prefix,
             to_arrow_schema(self.schema, timezone="UTC"),

@@ -5,9 +5,20 @@ from __future__ import annotations
 import logging
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from smartnsq.errors import DataLoss, InvalidArgument
-from smartnsq.spark.offsets_plan import At, check_retained, parse_spec, parse_time, resolve, spread
+from smartnsq.spark.offsets_plan import (
+    At,
+    check_retained,
+    group,
+    parse_spec,
+    parse_time,
+    resolve,
+    spread,
+)
+from smartnsq.spark.range_read import Range
 from smartnsq.spark.youzan import PartitionInfo
 
 
@@ -80,3 +91,28 @@ def test_limit_is_spread_over_the_backlogs() -> None:
     assert cut == {0: 100, 1: 230}  # 10 and 3 messages
     # Every partition with a backlog moves on, however small its share.
     assert spread(1, start, end, INFOS) == {0: 10, 1: 210}
+
+
+def test_tasks_group_partitions_evenly() -> None:
+    a, b, c, d = (Range(part(p, 0, 0), 0, size) for p, size in enumerate((900, 100, 500, 400)))
+    assert group([a, b, c, d], 2) == [(a, b), (c, d)]  # 1000 and 900 offsets
+    assert group([a, b, c, d], 1) == [(a,), (b,), (c,), (d,)]
+    assert group([a, b, c, d], 3) == [(a, b), (c, d)]  # two tasks are needed: 1000 and 900
+    assert group([a, b, c, d], 8) == [(a, b, c, d)]
+    assert group([], 2) == []
+
+
+@given(
+    sizes=st.lists(st.integers(min_value=1, max_value=10**9), max_size=40),
+    per_task=st.integers(min_value=1, max_value=10),
+)
+def test_every_range_is_read_by_exactly_one_task(sizes: list[int], per_task: int) -> None:
+    ranges = [Range(part(p, 0, 0), 7, 7 + size) for p, size in enumerate(sizes)]
+    tasks = group(ranges, per_task)
+    assert len(tasks) == -(-len(ranges) // per_task)
+    assert all(1 <= len(t) <= per_task for t in tasks)
+    assert sorted(r.info.partition for t in tasks for r in t) == list(range(len(ranges)))
+    # No task carries more than the most a task must carry plus the longest range.
+    loads = [sum(r.end - r.start for r in t) for t in tasks]
+    if loads:
+        assert max(loads) <= sum(sizes) / len(tasks) + max(sizes)

@@ -198,6 +198,21 @@ def test_batch_read_of_a_range_leaves_other_channels_alone(spark: Any, youzan_cl
             assert set(channels) == ({fresh} if t["topic_partition"] == "0" else set())
 
 
+@pytest.mark.parametrize("per_task", [1, 2, 3])
+def test_a_task_reads_several_partitions_at_once(
+    spark: Any, youzan_cluster: Any, per_task: int
+) -> None:
+    topic, _ = new_topic(youzan_cluster, "sy_group")
+    sent = publish(youzan_cluster, topic, "g", 300)
+    df = batch(spark, youzan_cluster, topic, partitionsPerTask=str(per_task))
+    assert df.rdd.getNumPartitions() == -(-PARTITIONS // per_task)
+    rows = df.collect()
+    assert sorted(values(rows)) == sorted(sent)  # each message once
+    for p in range(PARTITIONS):  # in offset order within a partition
+        offsets = [r.offset for r in rows if r.partition == p]
+        assert len(offsets) == 300 and offsets == sorted(offsets)
+
+
 def failure(action: Any) -> str:
     with pytest.raises(Exception) as info:
         action()
@@ -220,6 +235,8 @@ def test_bad_offset_options_fail_at_planning(
     assert "option 'endingOffsets' must be a JSON object with the one key" in text
     text = failure(lambda: stream(spark, youzan_cluster, topic, maxOffsetsPerTrigger="lots"))
     assert "option 'maxOffsetsPerTrigger' must be a whole number" in text
+    text = failure(lambda: batch(spark, youzan_cluster, topic, partitionsPerTask="0"))
+    assert "option 'partitionsPerTask' must be >= 1, not 0" in text
     # Only the stream reader knows it is one: the query fails as it starts.
     query = stream(spark, youzan_cluster, topic, endingOffsets="latest").writeStream
     text = failure(lambda: query.format("noop").start().awaitTermination(120))
