@@ -2,9 +2,10 @@
 
 Two implementations of one small interface:
 
-* :class:`AsyncioLink`, used on asyncio: an :class:`asyncio.Protocol`, so incoming bytes are
-  handled in the event loop's callback and writes go straight to the transport's buffer.
-  This avoids a reader task switch per response and roughly doubles request/response rates.
+* :class:`AsyncioLink`, used on asyncio: an :class:`asyncio.BufferedProtocol`, so incoming
+  bytes are handled in the event loop's callback and writes go straight to the transport's
+  buffer. This avoids a reader task switch per response and roughly doubles request/response
+  rates.
 * :class:`StreamLink`, used on every other anyio backend (trio): an anyio byte stream read by
   a reader task.
 
@@ -82,9 +83,14 @@ async def open_link(host: str, port: int) -> Link:
     return StreamLink(await anyio.connect_tcp(host, port))
 
 
-class AsyncioLink(asyncio.Protocol):
+class AsyncioLink(asyncio.BufferedProtocol):
+    # A buffered protocol: the loop reads into one buffer kept for the connection. A plain
+    # protocol's loop calls recv(256 KiB) for every read, and allocating (then shrinking) that
+    # much for a 60-byte answer or one ordered message cost a quarter of a Consumer's CPU on
+    # ordered partitions (measured: 52 against 39 µs per message).
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self._rbuf = memoryview(bytearray(_READ_SIZE))
         self._transport: asyncio.Transport | None = None
         self._chunks: deque[bytes] = deque()
         self._readable: asyncio.Future[None] | None = None
@@ -115,6 +121,13 @@ class AsyncioLink(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
         self._transport = cast(asyncio.Transport, transport)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._rbuf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        # A copy: messages keep slices of what they were read from, and the buffer is reused.
+        self.data_received(bytes(self._rbuf[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self._loop.time()
