@@ -83,9 +83,8 @@ def _pump(reads: list[_Read], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
             if read.done:
                 read.close()
                 active.remove(read)
-        if len(ready) < len(active):
-            for read in active:
-                read.check_stall(now)
+        for read in active:  # a read just taken has last_data == now: never stalled
+            read.check_stall(now)
 
 
 class _Rows:
