@@ -175,27 +175,67 @@ def offsets_at_time(infos: list[PartitionInfo], seconds: int, prefix: str) -> di
     """Per partition, the queue offset of the first message published at or after the start
     of Unix second ``seconds`` (the partition's end when there is none).
 
-    The fork does the search itself: a throw-away channel is moved there with
-    ``/channel/setoffset timestamp:<seconds>``, and its position is read from ``/stats``.
+    The fork does the search itself (``/channel/setoffset timestamp:<seconds>``), but a
+    channel takes its new position later, in its own goroutine: read at once, a channel that
+    has not moved yet looks like one moved to where it was. So two throw-away channels are
+    moved, one first parked at the earliest offset and one left at the end (where a new
+    channel starts): they show the same position only once that is the answer.
     """
     out: dict[int, int] = {}
     for info in infos:
-        channel = task_channel(prefix)
-        params = _channel_params(info, channel)
-        _post(info.http, "/channel/create", params)
+        if info.earliest >= info.end:  # nothing retained: every time is the end
+            out[info.partition] = info.end
+            continue
+        low, high = task_channel(prefix), task_channel(prefix)
+        made: list[str] = []
         try:
-            _post(info.http, "/channel/setoffset", params, b"timestamp:%d" % seconds)
-            for _ in range(SETTLE_TRIES):
-                n = _stats(info.http, info.topic, info.partition, channel)
-                if n.settled:  # the channel has seen the topic's end: its position is exact
-                    break
-                time.sleep(SETTLE_PAUSE)
-            if n.channel_offset is None:
-                raise NsqdHttpFailed(f"nsqd {info.http} does not report channel {channel}")
-            out[info.partition] = n.channel_offset
+            for channel in (low, high):
+                made.append(channel)
+                _post(info.http, "/channel/create", _channel_params(info, channel))
+            _post(
+                info.http,
+                "/channel/setoffset",
+                _channel_params(info, low),
+                b"virtual_queue:%d" % info.earliest,
+            )
+            parked = _positions(info, (low, high), info.earliest)
+            if parked[1] == info.earliest:
+                raise NsqdHttpFailed(
+                    f"nsqd {info.http}: a new channel of {info.topic!r} partition "
+                    f"{info.partition} starts at its earliest offset, not its end"
+                )
+            for channel in (low, high):
+                _post(
+                    info.http,
+                    "/channel/setoffset",
+                    _channel_params(info, channel),
+                    b"timestamp:%d" % seconds,
+                )
+            out[info.partition] = _positions(info, (low, high), None)[0]
         finally:
-            delete_channel(info, channel)
+            for channel in made:
+                delete_channel(info, channel)
     return out
+
+
+def _positions(
+    info: PartitionInfo, channels: tuple[str, str], first_at: int | None
+) -> tuple[int, int]:
+    """The two channels' positions once the first is at ``first_at`` (None: once both are at
+    one position), both settled (each has seen the topic's end); NsqdHttpFailed when that
+    does not come within the settle time."""
+    for _ in range(SETTLE_TRIES):
+        a, b = (_stats(info.http, info.topic, info.partition, c) for c in channels)
+        if a.channel_offset is None or b.channel_offset is None:
+            raise NsqdHttpFailed(f"nsqd {info.http} does not report channels {channels}")
+        want = b.channel_offset if first_at is None else first_at
+        if a.settled and b.settled and a.channel_offset == want:
+            return a.channel_offset, b.channel_offset
+        time.sleep(SETTLE_PAUSE)
+    raise NsqdHttpFailed(
+        f"nsqd {info.http}: channels {channels} of {info.topic!r} partition {info.partition} "
+        f"did not take their positions in {SETTLE_TRIES * SETTLE_PAUSE:.1f} s; try again"
+    )
 
 
 def open_channel(info: PartitionInfo, channel: str, start: int) -> None:

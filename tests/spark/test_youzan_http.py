@@ -1,10 +1,13 @@
-"""The source's kept HTTP clients (no Spark, no servers)."""
+"""The source's HTTP side: kept clients, and time look-ups against a fake nsqd whose
+channels move late (no Spark, no servers)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
+import respx
 
 from smartnsq.spark import youzan
 
@@ -24,3 +27,61 @@ def test_plain_http_never_loads_the_trust_store(monkeypatch: pytest.MonkeyPatch)
     secure = youzan._client("https://lookupd:4161/lookup")
     assert secure is not plain and asked == [True]
     assert youzan._client("https://other:4161/lookup") is secure and asked == [True]
+
+
+class LateNsqd:
+    """An nsqd whose channels take a new position only after a few more /stats reads, as the
+    fork's do (in the channel's goroutine, after /channel/setoffset has answered)."""
+
+    END, COUNT = 1000, 10
+
+    def __init__(self, at_time: int, lag: int) -> None:
+        self.at_time, self.lag = at_time, lag
+        self.position: dict[str, int] = {}
+        self.pending: dict[str, list[int]] = {}  # channel -> [target, reads left]
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        channel = request.url.params.get("channel", "")
+        path = request.url.path
+        if path == "/channel/create":
+            self.position[channel] = self.END  # a new channel starts at the end
+        elif path == "/channel/delete":
+            self.position.pop(channel, None)
+        elif path == "/channel/setoffset":
+            kind, _, value = request.content.decode().partition(":")
+            target = int(value) if kind == "virtual_queue" else self.at_time
+            self.pending[channel] = [target, self.lag]
+        elif path == "/stats":
+            late = self.pending.get(channel)
+            if late is not None:
+                late[1] -= 1
+                if late[1] < 0:
+                    self.position[channel] = self.pending.pop(channel)[0]
+            channels = [
+                {
+                    "channel_name": channel,
+                    "message_count": self.COUNT,
+                    "depth": 0,
+                    "depth_size": self.END - self.position[channel],
+                }
+            ]
+            return httpx.Response(200, json={"topics": [{
+                "topic_name": "t", "topic_partition": "0", "is_leader": True,
+                "backend_start": 0, "backend_depth": self.END, "message_count": self.COUNT,
+                "channels": channels,
+            }]})  # fmt: skip
+        return httpx.Response(200)
+
+
+@pytest.mark.parametrize("answer", [0, 400, 1000])
+@pytest.mark.parametrize("lag", [0, 3])
+def test_a_time_is_read_once_the_channels_have_moved(
+    monkeypatch: pytest.MonkeyPatch, answer: int, lag: int
+) -> None:
+    monkeypatch.setattr(youzan, "_clients", {})
+    nsqd = LateNsqd(answer, lag)
+    info = youzan.PartitionInfo("t", 0, "n:4150", "n:4151", 0, 1000, 10, False, False)
+    with respx.mock(assert_all_mocked=True) as mock:
+        mock.route(host="n").mock(side_effect=nsqd.handle)
+        assert youzan.offsets_at_time([info], 1_700_000_000, "spark") == {0: answer}
+    assert nsqd.position == {}  # the probes are gone
