@@ -59,11 +59,14 @@ def read_ranges(
     channels: list[tuple[PartitionInfo, str]] = []
     reads: list[_Read] = []
     try:
+        opened: list[tuple[Range, str]] = []
         for r in todo:
             channel = youzan.task_channel(channel_prefix)
             channels.append((r.info, channel))
-            youzan.open_channel(r.info, channel, r.start)
-        for r, (_, channel) in zip(todo, channels, strict=True):
+            if youzan.open_channel(r.info, channel, r.start) < r.end:
+                opened.append((r, channel))
+            # else no message starts in the range: nothing to wait for
+        for r, channel in opened:
             reads.append(_Read(r, channel, config))
         yield from _pump(reads, schema)
     finally:

@@ -15,6 +15,7 @@ import re
 import time
 import urllib.parse
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,18 +239,54 @@ def _positions(
     )
 
 
-def open_channel(info: PartitionInfo, channel: str, start: int) -> None:
+def open_channel(info: PartitionInfo, channel: str, start: int) -> int:
     """Create ``channel`` on the partition leader, its cursor at the first message whose
-    queue offset is >= ``start``."""
+    queue offset is >= ``start``; return that message's offset (the partition's end when
+    there is none) once nsqd shows the channel there.
+
+    ``/channel/setoffset`` answers before the channel moves (see :func:`offsets_at_time`):
+    subscribed at once, a reader could be sent messages from where a new channel starts,
+    the end, and take them for the end of its range.
+    """
     params = _channel_params(info, channel)
     _post(info.http, "/channel/create", params)
     if info.ordered:
         # Ordered before anything is read: a channel that turns ordered on its first
         # SUB_ORDERED moves its cursor back (and delivers its first message twice).
         _post(info.http, "/channel/setorder", {**params, "order": "true"})
+    first = _position(info, channel, lambda at: True)
     # virtual_queue:<n> puts the cursor on the first message at or after n, n need not be a
     # message boundary (checked against the fork, which has no documentation for it).
-    _post(info.http, "/channel/setoffset", params, f"virtual_queue:{start}".encode())
+    _post(info.http, "/channel/setoffset", params, b"virtual_queue:%d" % start)
+    try:
+        return _position(info, channel, lambda at: at != first)
+    except NsqdHttpFailed:
+        pass
+    # Still where it started: not moved yet, or moved to where it was (no message from
+    # ``start`` on). Parked at the earliest offset first, a move is always seen.
+    _post(info.http, "/channel/setoffset", params, b"virtual_queue:%d" % info.earliest)
+    parked = _position(info, channel, lambda at: at != first)
+    if start <= parked:
+        return parked
+    _post(info.http, "/channel/setoffset", params, b"virtual_queue:%d" % start)
+    return _position(info, channel, lambda at: at != parked)
+
+
+def _position(info: PartitionInfo, channel: str, moved: Callable[[int], bool]) -> int:
+    """The channel's position once it is settled and ``moved(position)``; NsqdHttpFailed
+    when that does not come within the settle time."""
+    for _ in range(SETTLE_TRIES):
+        numbers = _stats(info.http, info.topic, info.partition, channel)
+        at = numbers.channel_offset
+        if at is None:
+            raise NsqdHttpFailed(f"nsqd {info.http} does not report channel {channel}")
+        if numbers.settled and moved(at):
+            return at
+        time.sleep(SETTLE_PAUSE)
+    raise NsqdHttpFailed(
+        f"nsqd {info.http}: channel {channel} of {info.topic!r} partition {info.partition} "
+        f"did not take its position in {SETTLE_TRIES * SETTLE_PAUSE:.1f} s; try again"
+    )
 
 
 def delete_channel(info: PartitionInfo, channel: str) -> None:

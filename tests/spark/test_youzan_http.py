@@ -35,8 +35,9 @@ class LateNsqd:
 
     END, COUNT = 1000, 10
 
-    def __init__(self, at_time: int, lag: int) -> None:
+    def __init__(self, at_time: int, lag: int, step: int = 1) -> None:
         self.at_time, self.lag = at_time, lag
+        self.step = step  # messages start at multiples of step
         self.position: dict[str, int] = {}
         self.pending: dict[str, list[int]] = {}  # channel -> [target, reads left]
 
@@ -49,7 +50,10 @@ class LateNsqd:
             self.position.pop(channel, None)
         elif path == "/channel/setoffset":
             kind, _, value = request.content.decode().partition(":")
-            target = int(value) if kind == "virtual_queue" else self.at_time
+            # virtual_queue: the first message at or after the offset
+            target = (
+                -(-int(value) // self.step) * self.step if kind == "virtual_queue" else self.at_time
+            )
             self.pending[channel] = [target, self.lag]
         elif path == "/stats":
             late = self.pending.get(channel)
@@ -85,3 +89,21 @@ def test_a_time_is_read_once_the_channels_have_moved(
         mock.route(host="n").mock(side_effect=nsqd.handle)
         assert youzan.offsets_at_time([info], 1_700_000_000, "spark") == {0: answer}
     assert nsqd.position == {}  # the probes are gone
+
+
+@pytest.mark.parametrize("lag", [0, 3])
+@pytest.mark.parametrize(("start", "position"), [(0, 0), (400, 400), (450, 500), (950, 1000)])
+def test_a_task_channel_is_read_from_once_it_has_moved(
+    monkeypatch: pytest.MonkeyPatch, lag: int, start: int, position: int
+) -> None:
+    """A task reads its range only from where its channel has moved (a message from where a
+    new channel starts, the end, would end the range early), and learns when no message
+    starts in the range (950: the last message starts at 900), even though that channel
+    stays where it started."""
+    monkeypatch.setattr(youzan, "_clients", {})
+    nsqd = LateNsqd(0, lag, step=100)
+    info = youzan.PartitionInfo("t", 0, "n:4150", "n:4151", 0, 1000, 10, False, False)
+    with respx.mock(assert_all_mocked=True) as mock:
+        mock.route(host="n").mock(side_effect=nsqd.handle)
+        assert youzan.open_channel(info, "task", start) == position
+    assert nsqd.position == {"task": position} and not nsqd.pending

@@ -198,6 +198,22 @@ def test_batch_read_of_a_range_leaves_other_channels_alone(spark: Any, youzan_cl
             assert set(channels) == ({fresh} if t["topic_partition"] == "0" else set())
 
 
+def test_a_range_starting_inside_a_message_reads_from_the_next(
+    spark: Any, youzan_cluster: Any
+) -> None:
+    """An offset need not be a message boundary (Spark's maxOffsetsPerTrigger cuts anywhere):
+    a range reads from the first message after it, and a range in which no message starts
+    reads nothing and ends (it used to wait for a message until the stall timeout)."""
+    topic, _ = new_topic(youzan_cluster, "sy_inside")
+    publish(youzan_cluster, topic, "i", 10)
+    everything = batch(spark, youzan_cluster, topic).collect()
+    offsets = {p: sorted(r.offset for r in everything if r.partition == p) for p in range(3)}
+    start = {"0": offsets[0][9] + 1, "1": offsets[1][4] + 1, "2": offsets[2][0]}
+    rows = batch(spark, youzan_cluster, topic, startingOffsets=json.dumps({topic: start})).collect()
+    got = sorted((r.partition, r.offset) for r in rows)
+    assert got == [(1, o) for o in offsets[1][5:]] + [(2, o) for o in offsets[2]]
+
+
 @pytest.mark.parametrize("per_task", [1, 2, 3])
 def test_a_task_reads_several_partitions_at_once(
     spark: Any, youzan_cluster: Any, per_task: int
