@@ -870,9 +870,16 @@ class Consumer:
             return False
         if self._pool is not None:
             return True
+        # Ordered: the partition waits for this very answer, so an idle worker's handling
+        # runs now, here (or, failing that, the woken worker runs before this returns).
+        if (
+            reader.ordered
+            and self._handler is not None
+            and self._idle.run_as_worker(self._handle_now, msg)
+        ):
+            return False
         self._queue.append(msg)
         if self._idle:
-            # Ordered: the partition waits for this very answer, so its worker runs now.
             self._idle.wake_one(eager=reader.ordered)
         return False
 
@@ -1100,6 +1107,61 @@ class Consumer:
         finally:
             self._awaiting.discard(msg)
 
+    def _handle_now(self, msg: Message) -> _Job | None:
+        """A worker's handling of ``msg``, run as that worker by ``IdleWorkers.run_as_worker``
+        in the read callback; a handler that has to wait is returned, for the worker."""
+        try:
+            coro = self._handler(msg)  # type: ignore[misc]  # set wherever this runs
+            if type(coro) is CoroutineType:
+                try:
+                    step = coro.send(None)
+                except StopIteration as stop:
+                    value = stop.value
+                else:
+                    return msg, coro, step
+            else:
+                value = coro
+            if value is not None and inspect.isawaitable(value):
+                return msg, None, value
+        except Exception as exc:
+            self._handler_failed(msg, exc)
+        else:
+            self._answer(msg, value)
+        return None
+
+    async def _take_over(self, slot: int, job: _Job) -> None:
+        """Finish a handling that ``_handle_now`` began and that had to wait."""
+        msg, coro, value = job
+        self._slots[slot] = msg
+        try:
+            value = await (value if coro is None else _Resume(coro, value))
+            while value is not None and inspect.isawaitable(value):
+                value = await value
+        except Exception as exc:
+            self._handler_failed(msg, exc)
+        else:
+            self._answer(msg, value)
+        self._slots[slot] = None
+
+    def _answer(self, msg: Message, value: Any) -> None:
+        """What a worker does once the handler has returned ``value`` (inlined in
+        ``_worker``, which runs it for every message)."""
+        if value is False:
+            if msg._auto and not msg._responded:
+                self._requeue(msg, None, True)
+        elif msg._auto and not msg._responded:
+            msg._responded = True
+            reader = msg._reader
+            reader.in_flight -= 1
+            try:
+                reader.write(b"FIN %s\n" % msg.id)
+            except ConnectionClosed:
+                self._answer_lost(msg, "finish")
+            else:
+                self._finished += 1
+            if self._backoff.level:
+                self._backoff_result(success=True)
+
     async def _run_workers(self) -> None:
         self._slots = [None] * self._concurrency
         with anyio.CancelScope() as scope:
@@ -1121,7 +1183,9 @@ class Consumer:
         assert handler is not None
         while not self._stopping:
             if not queue:
-                await idle.wait()
+                job = await idle.wait()
+                if job is not None:
+                    await self._take_over(slot, job)
                 continue
             msg = popleft()
             slots[slot] = msg
@@ -1538,6 +1602,11 @@ def _explain(exc: ServerError) -> str:
     if isinstance(exc, TagNotSupported):
         return str(exc)
     return f"{exc}: the topic has no ext headers; use ext=False (or leave ext=None)"
+
+
+# A handling begun in the read callback that has to wait: the message, and the handler's
+# coroutine with what it yielded (or None with the awaitable a plain function returned).
+_Job = tuple[Message, Coroutine[Any, Any, Any] | None, Any]
 
 
 class _Resume:

@@ -5,17 +5,28 @@ On asyncio each wait is a future: it costs about half of an ``anyio.Event`` (3.4
 connection's eager future, so an ordered message can resume its worker right in the read
 callback (the worker's task runs as itself, as the loop would run it one pass later). On
 other backends (trio) it is an ``anyio.Event``.
+
+Even that wake costs about as much as the rest of an ordered message's handling (a future,
+a task step, the worker's loop). :meth:`IdleWorkers.run_as_worker` skips it: it runs the
+worker's code for one message right in the read callback, as the idle worker's task and in
+its context, which is what the task step does; only a handler that has to wait is handed to
+the worker itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+from asyncio.tasks import _enter_task, _leave_task  # what a task step does around the step
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio
 
 from smartnsq.connection import _EagerFuture
+
+T = TypeVar("T")
+Job = Any  # what run_as_worker hands a worker: its wait() returns it
 
 
 class IdleWorkers:
@@ -28,8 +39,9 @@ class IdleWorkers:
     def __len__(self) -> int:
         return len(self._waiting)
 
-    async def wait(self) -> None:
-        """Sleep until :meth:`wake_one` or :meth:`wake_all` picks this waiter."""
+    async def wait(self) -> Job | None:
+        """Sleep until :meth:`wake_one` or :meth:`wake_all` picks this waiter (None), or
+        :meth:`run_as_worker` hands it a job."""
         loop = self._loop
         if loop is None:
             try:
@@ -40,7 +52,8 @@ class IdleWorkers:
             assert isinstance(loop, asyncio.AbstractEventLoop)
             future = _EagerFuture(loop=loop)
             self._waiting.append(future)
-            await future  # a cancelled waiter's future is done: wake_one skips it
+            # a cancelled waiter's future is done: wake_one skips it
+            return await future
         else:
             event = anyio.Event()
             self._waiting.append(event)
@@ -50,6 +63,7 @@ class IdleWorkers:
                 if not event.is_set():
                     self._waiting.remove(event)
                 raise
+        return None
 
     def wake_one(self, eager: bool = False) -> None:
         """Wake the longest waiting worker; ``eager``: from a transport callback, run it
@@ -67,6 +81,41 @@ class IdleWorkers:
                     return
         elif waiting:
             waiting.popleft().set()
+
+    def run_as_worker(self, fn: Callable[[T], Job | None], arg: T) -> bool:
+        """From a transport callback on asyncio: run ``fn(arg)`` now as the longest waiting
+        worker's task, in that task's context, as waking it would run it one step later. If
+        ``fn`` returns a job, that worker wakes with it. False (nothing run) when no worker
+        waits, or not on asyncio, or when called from inside a task."""
+        loop = self._loop
+        if not isinstance(loop, asyncio.AbstractEventLoop):
+            return False
+        waiting = self._waiting
+        while waiting and waiting[0].done():  # cancelled waiters
+            waiting.popleft()
+        if not waiting:
+            return False
+        future = waiting[0]
+        # The waiting task's wake-up and context, as it gave them to the future.
+        waker = future._waker
+        if waker is None or waker[1] is None:
+            return False
+        task = getattr(waker[0], "__self__", None)
+        if not isinstance(task, asyncio.Task):
+            return False
+        try:
+            _enter_task(loop, task)
+        except RuntimeError:  # inside a task: this is no transport callback
+            return False
+        try:
+            job = waker[1].run(fn, arg)
+        finally:
+            _leave_task(loop, task)
+        if job is not None:
+            waiting.popleft()
+            future.set_result(job)
+            future.wake()
+        return True
 
     def wake_all(self) -> None:
         while self._waiting:

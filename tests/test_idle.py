@@ -1,9 +1,11 @@
 """The consumer's idle workers: woken one at a time, in order; a cancelled waiter is skipped;
-on asyncio an eager wake from a transport callback runs the worker before it returns."""
+on asyncio an eager wake from a transport callback runs the worker before it returns, and a
+worker's handling can run in the callback as that worker."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 
 import anyio
 import pytest
@@ -66,3 +68,65 @@ def test_eager_wake_runs_the_worker_inside_the_callback() -> None:
         assert woken == [task]
 
     asyncio.run(main())
+
+
+def test_run_as_worker_runs_in_the_worker_task_and_context() -> None:
+    """What a worker would run after a wake, run in the callback instead: as the longest
+    waiting worker's task (anyio's cancel scopes need one) and in its context; a job it
+    returns wakes that worker with it, and the worker does the rest as itself."""
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="none")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        idle = IdleWorkers()
+        ran: list[tuple[object, str, str]] = []
+        jobs: dict[str, object] = {}
+        tasks: dict[str, asyncio.Task[None]] = {}
+
+        async def worker(name: str) -> None:
+            var.set(name)
+            jobs[name] = await idle.wait()
+            ran.append(("after", asyncio.current_task(), var.get()))
+
+        def handle(job: str | None) -> str | None:
+            with anyio.fail_after(1):  # a cancel scope needs a current task
+                ran.append((asyncio.current_task(), var.get(), "in a scope"))
+            return job
+
+        for name in ("first", "second"):
+            tasks[name] = asyncio.create_task(worker(name))
+            await asyncio.sleep(0)
+        done: list[bool] = []
+        loop.call_soon(lambda: done.append(idle.run_as_worker(handle, None)))
+        await asyncio.sleep(0)
+        # Ran as the first worker, which still waits (nothing to hand it).
+        assert done == [True] and ran == [(tasks["first"], "first", "in a scope")]
+        assert len(idle) == 2 and not tasks["first"].done()
+
+        loop.call_soon(lambda: done.append(idle.run_as_worker(handle, "job")))
+        await tasks["first"]
+        assert done == [True, True] and jobs == {"first": "job"} and len(idle) == 1
+        assert ran[1:] == [
+            (tasks["first"], "first", "in a scope"),
+            ("after", tasks["first"], "first"),
+        ]
+
+        # From inside a task (no transport callback) it runs nothing.
+        assert not idle.run_as_worker(handle, "job") and len(ran) == 3
+        tasks["second"].cancel()
+        await asyncio.sleep(0)
+        assert not idle.run_as_worker(handle, "job")  # only a cancelled waiter
+
+    asyncio.run(main())
+
+
+def test_run_as_worker_is_asyncio_only() -> None:
+    async def main() -> None:
+        idle = IdleWorkers()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(idle.wait)
+            await anyio.wait_all_tasks_blocked()
+            assert not idle.run_as_worker(lambda x: x, None)
+            idle.wake_all()
+
+    anyio.run(main, backend="trio")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import json
 import logging
 import signal
@@ -83,6 +85,57 @@ async def test_ordered_topic_keys_stay_in_order(youzan_cluster, anyio_backend):
         assert seen[key] == sent[key], key
     for partition, offs in offsets.items():
         assert offs == sorted(offs), f"offsets went backwards in partition {partition}"
+
+
+async def test_ordered_async_handler_that_has_to_wait(youzan_cluster, anyio_backend):
+    """An ordered message's handling starts in the read callback, as an idle worker; one
+    that has to wait is finished by that worker. Either way the handler runs in a worker
+    task (anyio's cancel scopes work) and in the worker's context, and every message is
+    handled once, in order."""
+    topic = unique("ordh")
+    create_topic(youzan_cluster, topic, partitions=2, replicas=1, ordered=True, channel="ch")
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        for n in range(300):
+            await producer.publish(topic, b"%d" % n, sharding_key=f"k{n % 8}")
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="")
+    var.set("set before the consumer started")
+    handled: dict[int, list[int]] = defaultdict(list)
+    attempts: dict[int, list[int]] = defaultdict(list)
+    tasks: set[object] = set()
+    contexts: set[str] = set()
+    done = anyio.Event()
+
+    async def handle(message: Message) -> None:
+        n = int(message.body)
+        attempts[n].append(message.attempts)
+        tasks.add(asyncio.current_task())
+        contexts.add(var.get())
+        with anyio.fail_after(10):
+            if n % 3 == 0:
+                await anyio.sleep(0)  # has to wait: the worker takes over
+        assert message.partition is not None
+        handled[message.partition].append(n)
+        if sum(map(len, handled.values())) == 300:
+            done.set()
+
+    async with Consumer(
+        topic,
+        "ch",
+        handle,
+        lookupd_http_addresses=lookupds(youzan_cluster),
+        max_in_flight=4,
+        concurrency=2,
+    ):
+        with anyio.fail_after(60):
+            await done.wait()
+
+    assert sorted(n for ns in handled.values() for n in ns) == list(range(300))
+    for ns in handled.values():
+        assert ns == sorted(ns)  # one producer, in turn: publish order
+    assert all(a == [1] for a in attempts.values())
+    assert None not in tasks and len(tasks) <= 2
+    assert contexts == {"set before the consumer started"}
 
 
 async def test_blocked_ordered_partition_is_reported_and_holds_the_rest(
