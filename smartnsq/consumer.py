@@ -87,6 +87,7 @@ Target = tuple[str, int | None]  # (nsqd tcp address, partition or None)
 
 _CLASSIC = CLASSIC
 _unpack_head = struct.Struct(">qH").unpack_from
+_PROBE_MOVE = 0.5  # seconds a backoff probe waits on a connection before it moves on
 _CALL = 2  # inbox item (_CALL, function, args): a Message method called off the loop
 
 
@@ -311,9 +312,9 @@ class Consumer:
             backoff: Whether failures slow consumption down. Each failure raises the backoff
                 level (each success lowers it); while it is above 0 every connection gets RDY 0
                 for a window of ``backoff_unit * 2**level`` seconds (at most
-                ``max_backoff_duration``, shortened by up to 20 % at random), then one random
-                connection gets RDY 1 to test the waters. Back at level 0, full RDY resumes.
-                Default True.
+                ``max_backoff_duration``, shortened by up to 20 % at random), then one
+                connection gets RDY 1 to test the waters (moved to the next every 0.5 s while
+                it has nothing to send). Back at level 0, full RDY resumes. Default True.
             max_backoff_duration: Longest backoff window, default 128.0 (> 0). It also caps the
                 level at ``ceil(log2(max_backoff_duration / backoff_unit))``.
             backoff_unit: Length of the level-1 backoff window's unit, default 1.0 (> 0).
@@ -1345,9 +1346,23 @@ class Consumer:
         await anyio.sleep(interval)
         if self._stopping or not self._backoff.window_over(epoch):
             return
-        readers = [r for r in self._readers.values() if r.conn.usable]
-        if readers and self._max_in_flight:
-            random.choice(readers).set_rdy(1)  # test the waters with one message
+        # Test the waters with one message. Only its result ends the backoff, so while the
+        # connection given RDY 1 has nothing to send (an empty partition, an idle nsqd),
+        # the probe moves on to the others in turn.
+        backoff = self._backoff
+        turn = random.randrange(1 << 16)
+        while not self._stopping and self._max_in_flight and backoff.epoch == epoch:
+            readers = [r for r in self._readers.values() if r.conn.usable]
+            if not backoff.level or not readers:
+                return  # resumed (RESUME redistributed), or nobody to ask
+            reader = readers[turn % len(readers)]
+            turn += 1
+            received = reader.received
+            reader.set_rdy(1)
+            await anyio.sleep(_PROBE_MOVE)
+            if reader.received != received or backoff.epoch != epoch or not backoff.level:
+                return  # a message came: its result decides
+            reader.set_rdy(0)
 
     # -- RDY -------------------------------------------------------------------------------------
 

@@ -138,6 +138,41 @@ async def test_ordered_async_handler_that_has_to_wait(youzan_cluster, anyio_back
     assert contexts == {"set before the consumer started"}
 
 
+async def test_backoff_probe_moves_on_from_a_partition_with_nothing_to_send(
+    youzan_cluster, anyio_backend
+):
+    """After a backoff window one connection gets RDY 1 to test the waters. When its
+    partition has nothing to send, no result ever ends the backoff: the probe has to move to
+    another connection (it went to one at random and stayed, and the consumer stalled)."""
+    topic = unique("probe")
+    create_topic(youzan_cluster, topic, partitions=2, replicas=1, ordered=True, channel="ch")
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        await producer.publish_many(topic, [b"%d" % n for n in range(30)], partition=0)
+
+    handled: list[int] = []
+    done = anyio.Event()
+
+    async def handle(message: Message) -> None:
+        n = int(message.body)
+        if n < 6 and message.attempts == 1:
+            raise RuntimeError("the first attempt fails")  # six backoff windows
+        handled.append(n)
+        if len(set(handled)) == 30:
+            done.set()
+
+    async with Consumer(
+        topic,
+        "ch",
+        handle,
+        lookupd_http_addresses=lookupds(youzan_cluster),
+        backoff_unit=0.01,
+    ) as consumer:
+        with anyio.fail_after(60):
+            await done.wait()
+        assert consumer.stats().connections == 2
+    assert sorted(set(handled)) == list(range(30))
+
+
 async def test_blocked_ordered_partition_is_reported_and_holds_the_rest(
     youzan_cluster, anyio_backend, caplog
 ):
