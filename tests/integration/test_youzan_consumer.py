@@ -90,8 +90,8 @@ async def test_ordered_topic_keys_stay_in_order(youzan_cluster, anyio_backend):
 async def test_ordered_async_handler_that_has_to_wait(youzan_cluster, anyio_backend):
     """An ordered message's handling starts in the read callback, as an idle worker; one
     that has to wait is finished by that worker. Either way the handler runs in a worker
-    task (anyio's cancel scopes work) and in the worker's context, and every message is
-    handled once, in order."""
+    task (anyio's cancel scopes work) and in the worker's context, and its answer is the one
+    sent: every message handled once, in order, a failure or False redelivered."""
     topic = unique("ordh")
     create_topic(youzan_cluster, topic, partitions=2, replicas=1, ordered=True, channel="ch")
     async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
@@ -106,7 +106,7 @@ async def test_ordered_async_handler_that_has_to_wait(youzan_cluster, anyio_back
     contexts: set[str] = set()
     done = anyio.Event()
 
-    async def handle(message: Message) -> None:
+    async def handle(message: Message) -> bool:
         n = int(message.body)
         attempts[n].append(message.attempts)
         tasks.add(asyncio.current_task())
@@ -114,10 +114,15 @@ async def test_ordered_async_handler_that_has_to_wait(youzan_cluster, anyio_back
         with anyio.fail_after(10):
             if n % 3 == 0:
                 await anyio.sleep(0)  # has to wait: the worker takes over
+            if n % 7 == 0 and message.attempts == 1:
+                raise RuntimeError("the first attempt fails")
+            if n % 11 == 0 and message.attempts == 1:
+                return False
         assert message.partition is not None
         handled[message.partition].append(n)
         if sum(map(len, handled.values())) == 300:
             done.set()
+        return True
 
     async with Consumer(
         topic,
@@ -126,6 +131,7 @@ async def test_ordered_async_handler_that_has_to_wait(youzan_cluster, anyio_back
         lookupd_http_addresses=lookupds(youzan_cluster),
         max_in_flight=4,
         concurrency=2,
+        backoff_unit=0.001,
     ):
         with anyio.fail_after(60):
             await done.wait()
@@ -133,7 +139,7 @@ async def test_ordered_async_handler_that_has_to_wait(youzan_cluster, anyio_back
     assert sorted(n for ns in handled.values() for n in ns) == list(range(300))
     for ns in handled.values():
         assert ns == sorted(ns)  # one producer, in turn: publish order
-    assert all(a == [1] for a in attempts.values())
+    assert all(a == ([1, 2] if n % 7 == 0 or n % 11 == 0 else [1]) for n, a in attempts.items())
     assert None not in tasks and len(tasks) <= 2
     assert contexts == {"set before the consumer started"}
 
