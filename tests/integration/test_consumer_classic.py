@@ -332,6 +332,37 @@ async def test_backoff_visible_in_nsqd_ready_count(classic_cluster, anyio_backen
         assert c.stats().requeued >= 1
 
 
+@asyncio_only
+async def test_backoff_probe_moves_on_from_an_idle_nsqd(cluster_factory, anyio_backend):
+    """Two nsqd, messages on one: after each backoff window the probe (RDY 1) must reach the
+    nsqd that has them. It stayed on one picked at random, and the consumer stalled."""
+    cluster = cluster_factory("classic", nsqd=2)
+    topic, ch = unique("probe"), "c"
+    for d in cluster.nsqd:
+        create_channel(d.http, topic, ch)
+    expected = bodies_for("p", 20)
+    await publish(cluster.nsqd[0].tcp, topic, expected)
+    failures = 0
+    ok: set[bytes] = set()
+
+    async def handler(message):
+        nonlocal failures
+        if failures < 6:  # six backoff windows, six probes
+            failures += 1
+            raise RuntimeError("simulated failure")
+        ok.add(message.body)
+
+    async with Consumer(
+        topic,
+        ch,
+        handler,
+        nsqd_tcp_addresses=[d.tcp for d in cluster.nsqd],
+        requeue_delay=0,
+        backoff_unit=0.01,
+    ):
+        await wait_until(lambda: ok >= set(expected), 60, "every message handled")
+
+
 # --------------------------------------------------------------------------- 5. heartbeats
 
 
