@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import inspect
@@ -1126,6 +1127,11 @@ class Consumer:
                 return msg, None, value
         except Exception as exc:
             self._handler_failed(msg, exc)
+        except anyio.get_cancelled_exc_class():
+            # Raised to the worker, as if it had run the handler (not into the event loop).
+            cancelled = asyncio.get_running_loop().create_future()
+            cancelled.cancel()
+            return msg, None, cancelled
         else:
             self._answer(msg, value)
         return None
