@@ -17,7 +17,7 @@ import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -199,7 +199,8 @@ def offsets_at_time(infos: list[PartitionInfo], seconds: int, prefix: str) -> di
                 _channel_params(info, low),
                 b"virtual_queue:%d" % info.earliest,
             )
-            parked = _positions(info, (low, high), info.earliest)
+            # (the predicates run before _positions returns: the loop variable is current)
+            parked = _positions(info, (low, high), lambda at: at[0] == info.earliest)  # noqa: B023
             if parked[1] == info.earliest:
                 raise NsqdHttpFailed(
                     f"nsqd {info.http}: a new channel of {info.topic!r} partition "
@@ -212,7 +213,7 @@ def offsets_at_time(infos: list[PartitionInfo], seconds: int, prefix: str) -> di
                     _channel_params(info, channel),
                     b"timestamp:%d" % seconds,
                 )
-            out[info.partition] = _positions(info, (low, high), None)[0]
+            out[info.partition] = _positions(info, (low, high), lambda at: at[0] == at[1])[0]
         finally:
             for channel in made:
                 delete_channel(info, channel)
@@ -220,18 +221,18 @@ def offsets_at_time(infos: list[PartitionInfo], seconds: int, prefix: str) -> di
 
 
 def _positions(
-    info: PartitionInfo, channels: tuple[str, str], first_at: int | None
-) -> tuple[int, int]:
-    """The two channels' positions once the first is at ``first_at`` (None: once both are at
-    one position), both settled (each has seen the topic's end); NsqdHttpFailed when that
-    does not come within the settle time."""
+    info: PartitionInfo, channels: tuple[str, ...], done: Callable[[list[int]], bool]
+) -> list[int]:
+    """The channels' positions once each is settled (has seen the topic's end) and
+    ``done(positions)``; NsqdHttpFailed when that does not come within the settle time."""
     for _ in range(SETTLE_TRIES):
-        a, b = (_stats(info.http, info.topic, info.partition, c) for c in channels)
-        if a.channel_offset is None or b.channel_offset is None:
+        numbers = [_stats(info.http, info.topic, info.partition, c) for c in channels]
+        at = [n.channel_offset for n in numbers]
+        if None in at:
             raise NsqdHttpFailed(f"nsqd {info.http} does not report channels {channels}")
-        want = b.channel_offset if first_at is None else first_at
-        if a.settled and b.settled and a.channel_offset == want:
-            return a.channel_offset, b.channel_offset
+        found = cast(list[int], at)
+        if all(n.settled for n in numbers) and done(found):
+            return found
         time.sleep(SETTLE_PAUSE)
     raise NsqdHttpFailed(
         f"nsqd {info.http}: channels {channels} of {info.topic!r} partition {info.partition} "
@@ -254,39 +255,23 @@ def open_channel(info: PartitionInfo, channel: str, start: int) -> int:
         # Ordered before anything is read: a channel that turns ordered on its first
         # SUB_ORDERED moves its cursor back (and delivers its first message twice).
         _post(info.http, "/channel/setorder", {**params, "order": "true"})
-    first = _position(info, channel, lambda at: True)
+    only = (channel,)
+    [first] = _positions(info, only, lambda at: True)
     # virtual_queue:<n> puts the cursor on the first message at or after n, n need not be a
     # message boundary (checked against the fork, which has no documentation for it).
     _post(info.http, "/channel/setoffset", params, b"virtual_queue:%d" % start)
     try:
-        return _position(info, channel, lambda at: at != first)
+        return _positions(info, only, lambda at: at[0] != first)[0]
     except NsqdHttpFailed:
         pass
     # Still where it started: not moved yet, or moved to where it was (no message from
     # ``start`` on). Parked at the earliest offset first, a move is always seen.
     _post(info.http, "/channel/setoffset", params, b"virtual_queue:%d" % info.earliest)
-    parked = _position(info, channel, lambda at: at != first)
+    [parked] = _positions(info, only, lambda at: at[0] != first)
     if start <= parked:
         return parked
     _post(info.http, "/channel/setoffset", params, b"virtual_queue:%d" % start)
-    return _position(info, channel, lambda at: at != parked)
-
-
-def _position(info: PartitionInfo, channel: str, moved: Callable[[int], bool]) -> int:
-    """The channel's position once it is settled and ``moved(position)``; NsqdHttpFailed
-    when that does not come within the settle time."""
-    for _ in range(SETTLE_TRIES):
-        numbers = _stats(info.http, info.topic, info.partition, channel)
-        at = numbers.channel_offset
-        if at is None:
-            raise NsqdHttpFailed(f"nsqd {info.http} does not report channel {channel}")
-        if numbers.settled and moved(at):
-            return at
-        time.sleep(SETTLE_PAUSE)
-    raise NsqdHttpFailed(
-        f"nsqd {info.http}: channel {channel} of {info.topic!r} partition {info.partition} "
-        f"did not take its position in {SETTLE_TRIES * SETTLE_PAUSE:.1f} s; try again"
-    )
+    return _positions(info, only, lambda at: at[0] != parked)[0]
 
 
 def delete_channel(info: PartitionInfo, channel: str) -> None:
