@@ -70,7 +70,7 @@ from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
 from smartnsq.protocol.compress import maybe_compressed, unpack
 from smartnsq.protocol.frames import Span
-from smartnsq.protocol.message import CLASSIC, MessageLayout, decode_message
+from smartnsq.protocol.message import CLASSIC, OFFSET_HEAD, MessageLayout, decode_message
 from smartnsq.protocol.names import validate_channel, validate_topic
 from smartnsq.protocol.offsets import Skip, Start
 from smartnsq.protocol.tags import check_tag, check_tag_subscription
@@ -111,6 +111,7 @@ class _Reader:
         "rdy_since",
         "received",
         "skip",
+        "straight",
         "write",
     )
 
@@ -139,6 +140,11 @@ class _Reader:
             self.layout = MessageLayout(binary_id=youzan, ext=ext, offset=ordered or offsets)
         else:
             self.layout = _CLASSIC
+        # The ordered hot path applies (see Consumer._on_ordered); the reader's own
+        # conditions, the consumer's are checked per read.
+        self.straight = (
+            ordered and partition is not None and youzan and not ext and self.layout.offset
+        )
         # An ordered partition delivers one message at a time whatever RDY says.
         self.max_rdy = 1 if ordered else conn.features.max_rdy_count
         self.rdy = 0
@@ -843,6 +849,64 @@ class Consumer:
             assert self._pool is not None
             self._pool.submit(reader, None, batch)
 
+    def _attach(self, reader: _Reader, conn: Connection) -> None:
+        """Route the message frames of the connection's reads to the reader."""
+        plain = self._handler is not None and self._pool is None and not self.auto_touch
+        if reader.straight and plain:
+            conn.on_messages = partial(self._on_ordered, reader)
+            conn.before_read = None  # it reads the clock itself: one call fewer per message
+        else:
+            conn.on_messages = partial(self._on_messages, reader)
+            conn.before_read = reader.before_read
+
+    def _on_ordered(self, reader: _Reader, src: bytes, spans: list[Span]) -> None:
+        """``_on_messages`` for an ordered partition's plain messages with an async handler
+        (nothing to skip, trace or decompress): decoded in place, the order checked inline,
+        and handled now. An ordered partition is round-trip bound: every step counts."""
+        reader.batch_time = now = time.monotonic()
+        if self._stopping or self.trace.active or reader.skip is not None:
+            self._on_messages(reader, src, spans)
+            return
+        n = len(spans)  # the counters as in _on_messages; an ordered RDY is never topped up
+        reader.in_flight += n
+        reader.rdy_left -= n
+        reader.received += n
+        self._received += n
+        reader.last_message = now
+        checker = self._order.get(reader.partition)
+        if checker is None:
+            checker = self._order[reader.partition] = OrderChecker()
+        warn_at = self.blocked_warn_attempts
+        idle = self._idle
+        for _, start, end in spans:
+            if end - start < 38:
+                raise ProtocolError("message frame ends before its offset block")
+            timestamp, attempts, internal_id, offset, raw_size = OFFSET_HEAD.unpack_from(src, start)
+            msg = Message(
+                timestamp,
+                attempts,
+                src[start + 10 : start + 26],
+                src[start + 38 : end],
+                0,
+                None,
+                offset,
+                raw_size,
+            )
+            msg._reader = reader
+            msg._responded = False
+            msg._auto = True
+            if internal_id < checker.last_id or offset < checker.last_offset or attempts >= warn_at:
+                self._check_order(reader, msg)  # logs and callbacks
+            else:
+                checker.last_id = internal_id
+                checker.last_offset = offset
+            if self._stopping:  # a handler of this read stopped the consumer
+                self._requeue(msg, 0, False)
+            elif not idle.run_as_worker(self._handle_now, msg):
+                self._queue.append(msg)
+                if idle:
+                    idle.wake_one(eager=True)
+
     def _on_message(self, reader: _Reader, msg: Message) -> bool:
         """Account for one decoded message; True when it is for the handler threads."""
         msg._reader = reader
@@ -1501,8 +1565,7 @@ class Consumer:
             await conn.close(timeout=0)
             check_tag_subscription(self.topic, tag, conn.features.youzan, ext)
         reader = _Reader(self, address, conn, partition, ordered=ordered, ext=ext, offsets=advanced)
-        conn.on_messages = partial(self._on_messages, reader)
-        conn.before_read = reader.before_read
+        self._attach(reader, conn)
         conn.on_async_error = OncePerKind(log, address)
         sub = (
             commands.sub_ordered if ordered else commands.sub_advanced if advanced else commands.sub

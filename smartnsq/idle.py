@@ -19,7 +19,7 @@ import asyncio
 from asyncio.tasks import _enter_task, _leave_task  # what a task step does around the step
 from collections import deque
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import anyio
 
@@ -34,7 +34,7 @@ class IdleWorkers:
 
     def __init__(self) -> None:
         self._waiting: deque[Any] = deque()
-        self._loop: asyncio.AbstractEventLoop | bool | None = None  # False: not asyncio
+        self._loop: asyncio.AbstractEventLoop | Literal[False] | None = None  # False: not asyncio
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -88,7 +88,7 @@ class IdleWorkers:
         ``fn`` returns a job, that worker wakes with it. False (nothing run) when no worker
         waits, or not on asyncio, or when called from inside a task."""
         loop = self._loop
-        if not isinstance(loop, asyncio.AbstractEventLoop):
+        if not loop:  # not waited on yet, or not asyncio
             return False
         waiting = self._waiting
         while waiting and waiting[0].done():  # cancelled waiters

@@ -127,9 +127,7 @@ class AsyncioLink(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         # A copy: messages keep slices of what they were read from, and the buffer is reused.
-        self.data_received(bytes(self._rbuf[:nbytes]))
-
-    def data_received(self, data: bytes) -> None:
+        data = bytes(self._rbuf[:nbytes])
         self.last_read = self._loop.time()
         on_data = self._on_data
         if on_data is None:
@@ -187,10 +185,14 @@ class AsyncioLink(asyncio.BufferedProtocol):
 
     def write_now(self, data: bytes) -> None:
         """Write at once (after anything already buffered), without waiting for the loop."""
-        if self._transport is None or self._closed.done():
+        transport = self._transport
+        if transport is None or self._closed.done():
             raise ConnectionClosed("connection is closed")
-        self._wbuf.append(data)
-        self._flush()
+        if self._wbuf or self.compress is not None:
+            self._wbuf.append(data)
+            self._flush()
+        else:  # an ordered FIN's usual case
+            transport.write(data)
 
     def _flush(self) -> None:
         self._flush_scheduled = False

@@ -27,6 +27,10 @@ _U16 = struct.Struct(">H")
 _U64 = struct.Struct(">Q")
 _OFFSET = struct.Struct(">QI")
 _TRACED = struct.Struct(">QQQI")
+# An ordered (or advanced) message with no ext header: timestamp, attempts, internal id, the
+# trace id skipped, queue offset and raw size; the body follows. For hot paths that decode in
+# place instead of through decode_message.
+OFFSET_HEAD = struct.Struct(">qHQ8xQI")
 
 EXT_NONE = 0
 EXT_TAG = 2

@@ -264,3 +264,23 @@ async def test_a_lookupd_without_listlookup_is_not_asked_again(anyio_backend):
         for _ in range(3):
             assert await lm.discover(force=True) == [A]
     assert listing.call_count == 1
+
+
+@pytest.mark.parametrize(
+    ("seeds", "loads"), [([A, B], False), ([A, "https://secure.test:4162"], True)]
+)
+async def test_only_an_https_seed_loads_the_trust_store(anyio_backend, monkeypatch, seeds, loads):
+    """Loading the trust store is 20-40 ms of every Consumer's and Producer's start; plain
+    http lookupds (and the ones /listlookup adds, always http) never need it."""
+    import smartnsq.lookup.manager as manager
+
+    loaded: list[bool] = []
+
+    def verify() -> object:
+        loaded.append(True)
+        return True
+
+    monkeypatch.setattr(manager, "tls_verify", verify)
+    async with LookupManager(seeds):
+        pass
+    assert bool(loaded) is loads
