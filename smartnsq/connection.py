@@ -435,6 +435,20 @@ class Connection:
             waiter.resolve(OK, None)
             waiter.wake()
             return
+        on_messages = self.on_messages
+        if (  # one whole message frame (an ordered partition's usual read): no decoding pass
+            on_messages is not None
+            and self._decompress is None
+            and self._decoder.lone_message(data)
+        ):
+            if self.before_read is not None:
+                self.before_read()
+            try:
+                on_messages(data, [(FRAME_MESSAGE, 8, len(data))])
+            except Exception as exc:
+                self._stop(exc)
+                raise
+            return
         # Answered requests resume only after the whole read is dealt with, so a fatal
         # error in it has already marked the connection unusable when they do.
         answered: list[_Waiter] = []

@@ -140,8 +140,8 @@ class _Reader:
             self.layout = MessageLayout(binary_id=youzan, ext=ext, offset=ordered or offsets)
         else:
             self.layout = _CLASSIC
-        # The ordered hot path applies (see Consumer._on_ordered); the reader's own
-        # conditions, the consumer's are checked per read.
+        # Whether the ordered hot path (Consumer._on_ordered) suits this reader's messages;
+        # Consumer._attach adds the consumer's conditions, _on_ordered those of the moment.
         self.straight = (
             ordered and partition is not None and youzan and not ext and self.layout.offset
         )

@@ -137,6 +137,18 @@ class FrameDecoder:
     def buffered(self) -> int:
         return len(self._buf)
 
+    def lone_message(self, data: bytes) -> bool:
+        """Whether ``data`` is exactly one whole message frame, with nothing buffered before
+        it: an ordered partition's usual read. Its one span is then
+        ``(FRAME_MESSAGE, 8, len(data))``, and the caller may skip :meth:`feed_spans`."""
+        n = len(data)
+        if n < 8 or self._buf or self._failed:
+            return False
+        size: int
+        ftype: int
+        size, ftype = _unpack_head(data, 0)
+        return ftype == FRAME_MESSAGE and size == n - 4 and size <= self.max_frame_size
+
 
 def encode_frame(frame_type: int, data: bytes) -> bytes:
     """Build a server frame (for tests and fakes)."""

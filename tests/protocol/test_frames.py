@@ -47,6 +47,38 @@ def test_spans_and_the_count_of_non_message_frames(frames, cuts):
     assert got == frames
 
 
+@given(frames_strategy, st.lists(st.integers(min_value=0), max_size=30), st.binary(max_size=40))
+def test_a_lone_message_is_exactly_what_feed_spans_would_make_of_it(frames, cuts, noise):
+    """lone_message(chunk) says a chunk is one whole message frame that feed_spans would
+    return as the span (FRAME_MESSAGE, 8, len(chunk)); it is never wrong either way."""
+    stream = b"".join(encode_frame(t, d) for t, d in frames) + noise
+    dec = FrameDecoder(max_frame_size=200)
+    try:
+        for chunk in chunked(stream, cuts):
+            lone = dec.lone_message(chunk)
+            src, spans = dec.feed_spans(chunk)
+            whole = src is chunk and spans == [(FRAME_MESSAGE, 8, len(chunk))]
+            assert lone == (whole and dec.buffered == 0), (chunk, spans)
+    except ProtocolError:
+        assert not dec.lone_message(encode_frame(FRAME_MESSAGE, b"x" * 30))  # failed for good
+    lone_frames = [encode_frame(t, d) for t, d in frames if t == FRAME_MESSAGE]
+    assert all(FrameDecoder().lone_message(f) for f in lone_frames)
+
+
+def test_lone_message_needs_a_message_frame_of_the_whole_chunk():
+    msg = encode_frame(FRAME_MESSAGE, b"m" * 30)
+    dec = FrameDecoder()
+    assert dec.lone_message(msg)
+    assert not dec.lone_message(msg + msg)  # two frames
+    assert not dec.lone_message(msg[:-1])  # part of one
+    assert not dec.lone_message(encode_frame(FRAME_RESPONSE, b"r" * 30))
+    dec.feed_spans(msg[:5])
+    assert not dec.lone_message(msg)  # bytes of an earlier frame are buffered
+    assert not FrameDecoder(max_frame_size=20).lone_message(msg)  # over the limit
+    # Too short to be a message: the consumer says so, as it would after feed_spans.
+    assert FrameDecoder().lone_message(encode_frame(FRAME_MESSAGE, b""))
+
+
 @given(st.binary(max_size=2000), st.lists(st.integers(min_value=0), max_size=10))
 def test_arbitrary_bytes_raise_only_protocol_error(data, cuts):
     dec = FrameDecoder(max_frame_size=1024)
