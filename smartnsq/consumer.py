@@ -142,9 +142,7 @@ class _Reader:
             self.layout = _CLASSIC
         # Whether the ordered hot path (Consumer._on_ordered) suits this reader's messages;
         # Consumer._attach adds the consumer's conditions, _on_ordered those of the moment.
-        self.straight = (
-            ordered and partition is not None and youzan and not ext and self.layout.offset
-        )
+        self.straight = ordered and partition is not None and youzan and not ext
         # An ordered partition delivers one message at a time whatever RDY says.
         self.max_rdy = 1 if ordered else conn.features.max_rdy_count
         self.rdy = 0
@@ -851,8 +849,7 @@ class Consumer:
 
     def _attach(self, reader: _Reader, conn: Connection) -> None:
         """Route the message frames of the connection's reads to the reader."""
-        plain = self._handler is not None and self._pool is None and not self.auto_touch
-        if reader.straight and plain:
+        if reader.straight and self._async_handler and not self.auto_touch:
             conn.on_messages = partial(self._on_ordered, reader)
             conn.before_read = None  # it reads the clock itself: one call fewer per message
         else:

@@ -27,17 +27,20 @@ def frame(internal_id: int, offset: int, attempts: int = 1, body: bytes = b"x") 
 
 
 class Setup:
-    def __init__(self, straight: bool = True, **options: Any) -> None:
+    def __init__(self, straight: bool = True, sync: bool = False, **options: Any) -> None:
         self.violations: list[tuple[int | None, int, int]] = []
         self.blocked: list[int] = []
 
         async def handle(message: Message) -> None:
             pass
 
+        def handle_in_a_thread(message: Message) -> None:
+            pass
+
         self.consumer = Consumer(
             "t",
             "c",
-            handle,
+            handle_in_a_thread if sync else handle,
             nsqd_tcp_addresses=["127.0.0.1:4150"],
             on_order_violation=lambda m, i, o: self.violations.append((m.offset, i, o)),
             on_blocked=lambda m: self.blocked.append(m.attempts),
@@ -68,6 +71,9 @@ def test_only_plain_ordered_readers_take_the_hot_path() -> None:
     # auto_touch stamps every message: the general path does.
     touching = Setup(auto_touch=True)
     assert touching.on_messages.func == touching.consumer._on_messages
+    # A plain function handler runs in the worker threads, which take the general path.
+    threaded = Setup(sync=True)
+    assert threaded.on_messages.func == threaded.consumer._on_messages
     # An ext topic's messages carry headers: the general path decodes them.
     assert not _Reader(s.consumer, "a:1", s.reader.conn, 3, ordered=True, ext=True).straight
 
