@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import anyio
 
@@ -31,6 +30,7 @@ from smartnsq.errors import (
     ProtocolError,
     TopicNotFound,
 )
+from smartnsq.http import HttpClient, HttpError
 from smartnsq.lookup.client import ACCEPT, check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import Node, TopicLayout, loads
@@ -47,10 +47,10 @@ from smartnsq.protocol.offsets import (
     skip_for,
 )
 
-if TYPE_CHECKING:
-    import httpx
-
 log = logging.getLogger("smartnsq.offsets")
+
+REQUEST_TIMEOUT = 10.0  # one nsqd HTTP request
+MAX_ANSWER = 16 << 20  # a /stats answer for one topic and partition is a few kilobytes
 
 # How long a channel's end may lag its topic's: SETTLE_TRIES reads, SETTLE_PAUSE apart.
 SETTLE_TRIES = 40
@@ -129,18 +129,16 @@ async def partition_offsets(
         async with LookupManager(lookupds, timeout=min(timeout, 5.0)) as manager:
             layout = await manager.lookup(topic, "r")
             leaders = partition_leaders(topic, layout)
-            async with _client(timeout) as client:
-                results: dict[int, PartitionOffsets] = {}
+            client = HttpClient()
+            results: dict[int, PartitionOffsets] = {}
 
-                async def one(partition: int, node: Node) -> None:
-                    results[partition] = await read_partition(
-                        client, topic, partition, node, channel
-                    )
+            async def one(partition: int, node: Node) -> None:
+                results[partition] = await read_partition(client, topic, partition, node, channel)
 
-                async with anyio.create_task_group() as tg:
-                    for partition, node in leaders.items():
-                        tg.start_soon(one, partition, node)
-                return [results[p] for p in sorted(results)]
+            async with anyio.create_task_group() as tg:
+                for partition, node in leaders.items():
+                    tg.start_soon(one, partition, node)
+            return [results[p] for p in sorted(results)]
     raise NSQTimeout(f"partition offsets of {topic!r} took longer than {timeout}s")
 
 
@@ -149,13 +147,6 @@ def _lookupds(addresses: Sequence[str]) -> list[str]:
     if not lookupds:
         raise InvalidArgument("lookupd_http_addresses is empty: give at least one nsqlookupd")
     return lookupds
-
-
-def _client(timeout: float) -> httpx.AsyncClient:
-    import httpx  # here, not at import time: `import smartnsq` stays light
-
-    # nsqd's HTTP API is plain http here: no trust store to load (20-40 ms)
-    return httpx.AsyncClient(timeout=httpx.Timeout(min(timeout, 10.0), connect=2.0), verify=False)
 
 
 def partition_leaders(topic: str, layout: TopicLayout) -> dict[int, Node]:
@@ -178,25 +169,26 @@ def http_address(node: Node) -> str:
 
 
 async def _request(
-    client: httpx.AsyncClient,
+    client: HttpClient,
     method: str,
     url: str,
     params: dict[str, str],
     body: bytes | None = None,
 ) -> bytes:
-    import httpx
-
-    try:
-        r = await client.request(method, url, params=params, content=body, headers=ACCEPT)
-    except httpx.HTTPError as exc:
-        raise NsqdHttpFailed(f"nsqd {url} unreachable: {exc!r}") from exc
-    if r.status_code != 200:
-        raise NsqdHttpFailed(f"nsqd {url} answered HTTP {r.status_code}: {r.text[:200]}")
-    return r.content
+    with anyio.move_on_after(REQUEST_TIMEOUT):
+        try:
+            r = await client.request(method, url, params, ACCEPT, body, max_size=MAX_ANSWER)
+        except HttpError as exc:
+            raise NsqdHttpFailed(f"nsqd {url} unreachable: {exc}") from exc
+        if r.status != 200:
+            text = r.body[:200].decode("utf-8", "replace")
+            raise NsqdHttpFailed(f"nsqd {url} answered HTTP {r.status}: {text}")
+        return r.body
+    raise NsqdHttpFailed(f"nsqd {url} did not answer within {REQUEST_TIMEOUT}s")
 
 
 async def stats(
-    client: httpx.AsyncClient, topic: str, partition: int, node: Node, channel: str | None
+    client: HttpClient, topic: str, partition: int, node: Node, channel: str | None
 ) -> PartitionNumbers:
     """One partition's numbers from its leader, once the channel has caught up with the
     topic's end (so that its position can be told)."""
@@ -244,7 +236,7 @@ def leader_numbers(
 
 
 async def read_partition(
-    client: httpx.AsyncClient, topic: str, partition: int, node: Node, channel: str | None
+    client: HttpClient, topic: str, partition: int, node: Node, channel: str | None
 ) -> PartitionOffsets:
     n = await stats(client, topic, partition, node, channel)
     return PartitionOffsets(
@@ -353,24 +345,24 @@ class StartPlan:
         """Move the channel of ``partition`` to the start; what to skip of the deliveries
         that follow, or None when the start was not applied."""
         assert self.start is not None
-        async with _client(10.0) as client:
-            n = await stats(client, self.topic, partition, node, self.channel)
-            if n.clients > 1:
-                self._done.add(partition)
-                log.warning(
-                    "%s/%s partition %d: not moving the channel to the start position: "
-                    "%d other clients consume it (only the channel's first consumer sets it)",
-                    self.topic,
-                    self.channel,
-                    partition,
-                    n.clients - 1,
-                )
-                return None
-            body = setoffset_body(self.start, partition, n.earliest, n.end)
-            params = {"topic": self.topic, "partition": str(partition), "channel": self.channel}
-            await _request(
-                client, "POST", f"http://{http_address(node)}/channel/setoffset", params, body
+        client = HttpClient()
+        n = await stats(client, self.topic, partition, node, self.channel)
+        if n.clients > 1:
+            self._done.add(partition)
+            log.warning(
+                "%s/%s partition %d: not moving the channel to the start position: "
+                "%d other clients consume it (only the channel's first consumer sets it)",
+                self.topic,
+                self.channel,
+                partition,
+                n.clients - 1,
             )
+            return None
+        body = setoffset_body(self.start, partition, n.earliest, n.end)
+        params = {"topic": self.topic, "partition": str(partition), "channel": self.channel}
+        await _request(
+            client, "POST", f"http://{http_address(node)}/channel/setoffset", params, body
+        )
         self._done.add(partition)
         log.info(
             "%s/%s partition %d: channel moved to %s",

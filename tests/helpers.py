@@ -3,12 +3,17 @@ fake HTTP server for hostile behaviour no real server shows."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import random
+import socket
+import threading
 import time
+import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
@@ -206,3 +211,155 @@ def http_response(status: int, body: bytes, content_type: str = "application/jso
         f"HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode() + body
+
+
+@dataclass
+class HttpRequest:
+    """One request a fake HTTP API received."""
+
+    method: str
+    path: str  # without the query
+    query: dict[str, str]
+    headers: dict[str, str]  # names in lower case
+    body: bytes
+
+
+# What a path answers: (status, body), or a coroutine that writes the raw answer itself
+# (slowly, endlessly, or not at all); the connection closes after it.
+Route = tuple[int, bytes] | Callable[[HttpRequest, anyio.abc.ByteStream], Awaitable[None]]
+NOT_FOUND = (404, b'{"message":"NOT_FOUND"}')  # what nsqd and nsqlookupd answer unknown paths
+
+
+def json_body(data: Any, status: int = 200) -> tuple[int, bytes]:
+    return status, json.dumps(data).encode()
+
+
+class FakeApi:
+    """A fake lookupd or nsqd HTTP API: ``routes`` maps a path to its :data:`Route` (any
+    other path: :data:`NOT_FOUND`); every request is kept in ``requests``."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address  # host:port
+        self.url = f"http://{address}"
+        self.routes: dict[str, Route] = {}
+        self.requests: list[HttpRequest] = []
+
+    def calls(self, path: str) -> list[HttpRequest]:
+        return [r for r in self.requests if r.path == path]
+
+
+def parse_request(head: bytes, body: bytes) -> HttpRequest:
+    """A request from its head (up to the blank line) and its body."""
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, _ = lines[0].split(" ", 2)
+    path, _, query = target.partition("?")
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    return HttpRequest(method, path, dict(urllib.parse.parse_qsl(query)), headers, body)
+
+
+@asynccontextmanager
+async def fake_api() -> AsyncIterator[FakeApi]:
+    """A :class:`FakeApi` on 127.0.0.1; every connection is cut when the block ends."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    api = FakeApi(f"127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}")
+
+    async def handle(stream: anyio.abc.ByteStream) -> None:
+        async with stream:
+            try:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += await stream.receive()
+                head, _, body = data.partition(b"\r\n\r\n")
+                request = parse_request(head, body)
+                while len(request.body) < int(request.headers.get("content-length", 0)):
+                    request.body += await stream.receive()
+                api.requests.append(request)
+                route = api.routes.get(request.path, NOT_FOUND)
+                if isinstance(route, tuple):
+                    await stream.send(http_response(*route))
+                else:
+                    await route(request, stream)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+                pass  # the client hung up
+
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, handle)
+        try:
+            yield api
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def hang_up(request: HttpRequest, stream: anyio.abc.ByteStream) -> None:
+    """A route that closes the connection without a word."""
+
+
+async def never_answer(request: HttpRequest, stream: anyio.abc.ByteStream) -> None:
+    await anyio.sleep_forever()
+
+
+def later(delay: float, route: tuple[int, bytes]) -> Route:
+    """A route that answers after ``delay`` seconds: a slow server."""
+
+    async def respond(request: HttpRequest, stream: anyio.abc.ByteStream) -> None:
+        await anyio.sleep(delay)
+        await stream.send(http_response(*route))
+
+    return respond
+
+
+def drip(size: int, pause: float) -> Route:
+    """A route whose 200 body of ``size`` spaces comes one byte every ``pause`` seconds:
+    each read is quick, only a deadline for the whole answer ends it."""
+
+    async def respond(request: HttpRequest, stream: anyio.abc.ByteStream) -> None:
+        await stream.send(f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n".encode())
+        for _ in range(size):
+            await stream.send(b" ")
+            await anyio.sleep(pause)
+
+    return respond
+
+
+def unused_address() -> str:
+    """``127.0.0.1:port`` with nothing listening: connections are refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+@contextmanager
+def blocking_fake_api(handle: Callable[[HttpRequest], tuple[int, bytes]]) -> Iterator[str]:
+    """An HTTP server on 127.0.0.1 in a thread, for blocking clients: ``handle`` answers
+    each request with (status, body). Yields its ``host:port``."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            path, _, query = self.path.partition("?")
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            query_args = dict(urllib.parse.parse_qsl(query))
+            status, out = handle(HttpRequest(self.command, path, query_args, headers, body))
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        do_GET = do_POST = answer
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()

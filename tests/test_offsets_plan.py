@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import anyio.abc
-import httpx
 import pytest
 
 from smartnsq.errors import NsqdHttpFailed
+from smartnsq.http import HttpClient
 from smartnsq.lookup.model import Node
 from smartnsq.offsets import StartPlan, read_partition
 from smartnsq.protocol.offsets import Skip, check_start
@@ -49,7 +49,7 @@ def node(address: str) -> Node:
     return Node(host, 4150, int(port))
 
 
-async def test_a_failed_setoffset_leaves_the_start_pending(anyio_backend):
+async def test_a_failed_setoffset_leaves_the_start_pending(anyio_backend: str) -> None:
     paths: list[str] = []
     failures = [1]
 
@@ -75,7 +75,7 @@ async def test_a_failed_setoffset_leaves_the_start_pending(anyio_backend):
     assert "partition=0" in setoffsets[0] and "channel=ch" in setoffsets[0]
 
 
-async def test_a_channel_with_other_clients_is_not_moved(anyio_backend):
+async def test_a_channel_with_other_clients_is_not_moved(anyio_backend: str) -> None:
     paths: list[str] = []
 
     async def respond(path: str, stream: anyio.abc.ByteStream) -> None:
@@ -89,14 +89,14 @@ async def test_a_channel_with_other_clients_is_not_moved(anyio_backend):
     assert not [p for p in paths if p.startswith("/channel/setoffset")]
 
 
-async def test_stats_wait_for_the_channel_to_catch_up_with_its_topic(anyio_backend):
+async def test_stats_wait_for_the_channel_to_catch_up_with_its_topic(anyio_backend: str) -> None:
     answers = [stats(channel_count=9), stats(channel_count=9), stats()]
 
     async def respond(path: str, stream: anyio.abc.ByteStream) -> None:
         await stream.send(http_response(200, answers.pop(0)))
 
-    async with fake_http(respond) as address, httpx.AsyncClient() as client:
-        offsets = await read_partition(client, "t", 0, node(address), "ch")
+    async with fake_http(respond) as address:
+        offsets = await read_partition(HttpClient(), "t", 0, node(address), "ch")
     assert not answers
     assert (offsets.channel, offsets.depth, offsets.channel_count) == (192, 4, 6)
     assert (offsets.earliest, offsets.end, offsets.end_count) == (0, 320, 10)

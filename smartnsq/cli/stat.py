@@ -9,7 +9,6 @@ from typing import Any
 
 import anyio
 import click
-import httpx
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -17,7 +16,7 @@ from rich.table import Table
 from smartnsq.cli.options import CliError, Common, common, common_options, split_addresses
 from smartnsq.cli.output import configure_logging, print_json
 from smartnsq.cli.statdata import Node, Snapshot, find_nodes, sample, summarize
-from smartnsq.lookup.client import tls_verify
+from smartnsq.http import HttpClient
 from smartnsq.protocol.names import validate_topic
 
 __all__ = ["command", "render"]
@@ -58,20 +57,20 @@ def command(topic: str | None, nsqd_http: tuple[str, ...], interval: float, watc
 async def _stat(
     options: Common, http: list[str], topic: str | None, interval: float, watch: bool
 ) -> None:
-    async with httpx.AsyncClient(timeout=5.0, verify=tls_verify()) as client:
-        nodes = await find_nodes(client, options.lookupd, http)
-        configure_logging(options)  # after discovery, whose failure is reported as one line
-        if not nodes:
-            raise CliError("the lookupds know no nsqd")
-        first = await sample(client, nodes, topic)
-        if len(first.errors) == len(nodes):
-            raise CliError("no nsqd answered /stats: " + "; ".join(first.errors.values()))
-        if not watch:
-            await anyio.sleep(interval)
-            snapshot = _checked(nodes, first, await sample(client, nodes, topic), topic)
-            _show(snapshot, options)
-            return
-        await _watch(client, options, nodes, first, topic, interval)
+    client = HttpClient()
+    nodes = await find_nodes(client, options.lookupd, http)
+    configure_logging(options)  # after discovery, whose failure is reported as one line
+    if not nodes:
+        raise CliError("the lookupds know no nsqd")
+    first = await sample(client, nodes, topic)
+    if len(first.errors) == len(nodes):
+        raise CliError("no nsqd answered /stats: " + "; ".join(first.errors.values()))
+    if not watch:
+        await anyio.sleep(interval)
+        snapshot = _checked(nodes, first, await sample(client, nodes, topic), topic)
+        _show(snapshot, options)
+        return
+    await _watch(client, options, nodes, first, topic, interval)
 
 
 def _checked(nodes: list[Node], first: Any, last: Any, topic: str | None) -> Snapshot:
@@ -89,7 +88,7 @@ def _show(snapshot: Snapshot, options: Common) -> None:
 
 
 async def _watch(
-    client: httpx.AsyncClient,
+    client: HttpClient,
     options: Common,
     nodes: list[Node],
     first: Any,

@@ -12,16 +12,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import httpx
 
 from smartnsq.cli.options import CliError
 from smartnsq.errors import NSQError
+from smartnsq.http import HttpClient, HttpError
 from smartnsq.lookup.manager import LookupManager
 
 __all__ = ["Node", "Sample", "Snapshot", "find_nodes", "sample", "summarize"]
 
 ACCEPT = {"Accept": "application/vnd.nsq; version=1.0"}
 TIMEOUT = 5.0
+MAX_ANSWER = 64 << 20  # /stats of a large nsqd without a topic filter
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,20 +53,18 @@ class Snapshot:
     interval: float
 
 
-async def _get_json(client: httpx.AsyncClient, url: str) -> Any:
+async def _get_json(client: HttpClient, url: str) -> Any:
     with anyio.fail_after(TIMEOUT):
-        response = await client.get(url, headers=ACCEPT)
-    if response.status_code != 200:
-        raise CliError(f"GET {url}: HTTP {response.status_code}")
-    body = json.loads(response.content or b"null")
+        response = await client.get(url, None, ACCEPT, max_size=MAX_ANSWER)
+    if response.status != 200:
+        raise CliError(f"GET {url}: HTTP {response.status}")
+    body = json.loads(response.body or b"null")
     if isinstance(body, dict) and "status_code" in body and "data" in body:
         body = body["data"]  # the legacy envelope
     return body
 
 
-async def find_nodes(
-    client: httpx.AsyncClient, lookupds: list[str], nsqd_http: list[str]
-) -> list[Node]:
+async def find_nodes(client: HttpClient, lookupds: list[str], nsqd_http: list[str]) -> list[Node]:
     """Every nsqd a lookupd knows (asking each lookupd of the cluster), plus ``nsqd_http``."""
     nodes: dict[str, Node] = {a: Node(http=a) for a in nsqd_http}
     if not lookupds:
@@ -79,7 +78,7 @@ async def find_nodes(
     for url in urls:
         try:
             body = await _get_json(client, f"{url}/nodes")
-        except (CliError, httpx.HTTPError, TimeoutError, ValueError) as exc:
+        except (CliError, HttpError, TimeoutError, ValueError) as exc:
             errors.append(f"{url}: {exc}")
             continue
         for p in (body or {}).get("producers") or []:
@@ -96,7 +95,7 @@ async def find_nodes(
     return list(nodes.values())
 
 
-async def sample(client: httpx.AsyncClient, nodes: list[Node], topic: str | None) -> Sample:
+async def sample(client: HttpClient, nodes: list[Node], topic: str | None) -> Sample:
     """Ask every node for /stats at once."""
     result = Sample(at=anyio.current_time())
     query = "?format=json" + (f"&topic={topic}" if topic else "")
@@ -104,7 +103,7 @@ async def sample(client: httpx.AsyncClient, nodes: list[Node], topic: str | None
     async def one(node: Node) -> None:
         try:
             result.stats[node.http] = await _get_json(client, f"http://{node.http}/stats{query}")
-        except (CliError, httpx.HTTPError, TimeoutError, ValueError) as exc:
+        except (CliError, HttpError, TimeoutError, ValueError) as exc:
             result.errors[node.http] = str(exc) or type(exc).__name__
 
     async with anyio.create_task_group() as tg:

@@ -2,35 +2,20 @@
 
 from __future__ import annotations
 
-import functools
+import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import anyio
 
 from smartnsq.errors import InvalidArgument, LookupFailed, ProtocolError, TopicNotFound
+from smartnsq.http import HttpClient, HttpError, TooLarge
 from smartnsq.lookup.model import Skipped, TopicLayout, loads, parse_listlookup, parse_lookup
-
-if TYPE_CHECKING:  # httpx is imported where a lookupd address is parsed or asked, not before
-    import httpx
 
 # identity: the size cap counts the bytes we keep, not a compressed stream that may inflate.
 ACCEPT = {"Accept": "application/vnd.nsq; version=1.0", "Accept-Encoding": "identity"}
 
 MAX_RESPONSE_SIZE = 4 << 20
-
-
-@functools.cache
-def tls_verify() -> Any:
-    """httpx's default certificate check, built once per process for every client to share.
-
-    httpx builds a new SSL context (trust store loaded) for each client it makes unless it is
-    given one: about 40 ms here, paid by every Consumer, Producer and offsets call.
-    """
-    import httpx
-
-    make = getattr(httpx, "create_ssl_context", None)  # httpx >= 0.28
-    return make() if make is not None else True
 
 
 class NoListLookup(LookupFailed):
@@ -43,15 +28,21 @@ def normalize_lookupd_address(address: str) -> str:
         raise InvalidArgument(f"lookupd address must be 'host:port' or a URL, not {address!r}")
     address = address.strip().rstrip("/")
     url = address if "://" in address else f"http://{address}"
-    import httpx
-
     try:
-        parsed = httpx.URL(url)
-    except Exception as exc:  # httpx raises several types for bad URLs
+        parsed = urlsplit(url)
+        host, port = parsed.hostname, parsed.port
+    except ValueError as exc:  # a port out of range or not a number, a broken [IPv6]
         raise InvalidArgument(f"lookupd address {address!r} is not a valid URL") from exc
-    if parsed.scheme not in ("http", "https") or not parsed.host or parsed.port is None:
+    if parsed.scheme not in ("http", "https") or not host or port is None:
         raise InvalidArgument(f"lookupd address {address!r} must look like host:port")
+    if parsed.path or parsed.query or parsed.fragment or "@" in parsed.netloc:
+        raise InvalidArgument(f"lookupd address {address!r} must be host:port, with no path")
+    if not _HOST.fullmatch(host) and ":" not in host:  # names and IPv4 (IPv6 checked above)
+        raise InvalidArgument(f"lookupd address {address!r} has an invalid host name")
     return url
+
+
+_HOST = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def check_lookupd_addresses(addresses: Sequence[str] | str) -> list[str]:
@@ -62,7 +53,7 @@ def check_lookupd_addresses(addresses: Sequence[str] | str) -> list[str]:
 
 
 async def fetch(
-    client: httpx.AsyncClient,
+    client: HttpClient,
     base_url: str,
     path: str,
     params: Mapping[str, str] | None = None,
@@ -72,33 +63,26 @@ async def fetch(
 ) -> tuple[int, bytes]:
     """``GET base_url + path``: the status and the whole body.
 
-    ``timeout`` bounds the whole request, body included (httpx's own timeouts are per read,
-    so a server sending a byte now and then would never time out), and the body is read up
-    to ``max_response_size`` bytes. Failures raise :class:`LookupFailed`.
+    ``timeout`` bounds the whole request, body included (a server sending a byte now and
+    then must not hold it forever), and the body is read up to ``max_response_size`` bytes.
+    Failures raise :class:`LookupFailed`.
     """
-    import httpx
-
     with anyio.move_on_after(timeout):
         try:
-            async with client.stream(
-                "GET", f"{base_url}{path}", params=params, headers=ACCEPT
-            ) as r:
-                body = bytearray()
-                async for chunk in r.aiter_bytes():
-                    body += chunk
-                    if len(body) > max_response_size:
-                        raise LookupFailed(
-                            f"lookupd {base_url} sent more than {max_response_size} bytes for "
-                            f"{path} (max_response_size); its answer is ignored"
-                        )
-                return r.status_code, bytes(body)
-        except httpx.HTTPError as exc:
-            raise LookupFailed(f"lookupd {base_url} unreachable: {exc!r}") from exc
+            r = await client.get(f"{base_url}{path}", params, ACCEPT, max_size=max_response_size)
+        except TooLarge:
+            raise LookupFailed(
+                f"lookupd {base_url} sent more than {max_response_size} bytes for "
+                f"{path} (max_response_size); its answer is ignored"
+            ) from None
+        except HttpError as exc:
+            raise LookupFailed(f"lookupd {base_url} unreachable: {exc}") from exc
+        return r.status, r.body
     raise LookupFailed(f"lookupd {base_url} did not answer {path} within {timeout}s")
 
 
 async def fetch_lookup(
-    client: httpx.AsyncClient,
+    client: HttpClient,
     base_url: str,
     topic: str,
     *,
@@ -133,7 +117,7 @@ async def fetch_lookup(
 
 
 async def fetch_listlookup(
-    client: httpx.AsyncClient,
+    client: HttpClient,
     base_url: str,
     *,
     timeout: float | None = None,

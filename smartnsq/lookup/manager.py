@@ -26,24 +26,21 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import anyio
 
 from smartnsq import _checks
 from smartnsq.errors import InvalidArgument, LookupFailed, TopicNotFound
+from smartnsq.http import HttpClient
 from smartnsq.lookup.client import (
     MAX_RESPONSE_SIZE,
     NoListLookup,
     check_lookupd_addresses,
     fetch_listlookup,
     fetch_lookup,
-    tls_verify,
 )
 from smartnsq.lookup.model import Node, Skipped, TopicLayout, TopicMeta
-
-if TYPE_CHECKING:  # imported when a manager opens its client: `import smartnsq` stays light
-    import httpx
 
 _T = TypeVar("_T")
 
@@ -117,27 +114,17 @@ class LookupManager:
         self._cache: dict[tuple[str, str], tuple[float, float, TopicLayout]] = {}
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._warned: set[tuple[str, str]] = set()  # (lookupd, problem) already logged
-        self._client: httpx.AsyncClient | None = None
+        self._client: HttpClient | None = None
 
     async def __aenter__(self) -> LookupManager:
-        import httpx
-
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(self.timeout, connect=min(2.0, self.timeout)),
-            limits=httpx.Limits(max_keepalive_connections=8),
-            # Only an https:// seed needs the trust store (loading it is 20-40 ms of every
-            # start); the lookupds /listlookup adds are plain http.
-            verify=tls_verify() if any(u.startswith("https://") for u in self.seeds) else False,
-        )
+        self._client = HttpClient(connect_timeout=min(2.0, self.timeout))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        self._client = None
 
     @property
-    def client(self) -> httpx.AsyncClient:
+    def client(self) -> HttpClient:
         if self._client is None:
             raise LookupFailed("use the LookupManager inside 'async with'")
         return self._client

@@ -10,19 +10,16 @@ This module does not import pyspark.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
-import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-import httpx
-
 from smartnsq.errors import LookupFailed, NsqdHttpFailed, NSQError, TopicNotFound
-from smartnsq.lookup.client import ACCEPT, tls_verify
+from smartnsq.http import HttpError, Response, request_blocking
+from smartnsq.lookup.client import ACCEPT, MAX_RESPONSE_SIZE
 from smartnsq.lookup.model import TopicLayout, loads, parse_lookup
 from smartnsq.offsets import (
     SETTLE_PAUSE,
@@ -59,32 +56,21 @@ class PartitionInfo:
         return max(1.0, self.end / self.end_count) if self.end_count else 1.0
 
 
-_clients: dict[tuple[int, bool], httpx.Client] = {}
-
-
-def _client(url: str) -> httpx.Client:
-    """This process's kept client (Spark forks its workers) for ``url``'s scheme.
-
-    Only an ``https://`` lookupd needs the trust store; loading it took 110 ms of a query's
-    start here, so clients for plain ``http://`` (every nsqd endpoint) never load it.
-    """
-    key = (os.getpid(), url.startswith("https://"))
-    client = _clients.get(key)
-    if client is None:
-        verify = tls_verify() if key[1] else False  # False: no TLS is ever done on http://
-        client = _clients[key] = httpx.Client(headers=ACCEPT, timeout=HTTP_TIMEOUT, verify=verify)
-    return client
+def _request(method: str, url: str, params: dict[str, str], body: bytes | None = None) -> Response:
+    return request_blocking(
+        method, url, params, ACCEPT, body, timeout=HTTP_TIMEOUT, max_size=MAX_RESPONSE_SIZE
+    )
 
 
 def _get(url: str, params: dict[str, str]) -> tuple[int, Any]:
     try:
-        r = _client(url).get(url, params=params)
-    except httpx.HTTPError as exc:
-        raise LookupFailed(f"{url} unreachable: {exc!r}") from exc
+        r = _request("GET", url, params)
+    except HttpError as exc:
+        raise LookupFailed(f"{url} unreachable: {exc}") from exc
     try:
-        return r.status_code, loads(r.content) if r.content else None
+        return r.status, loads(r.body) if r.body else None
     except ValueError:
-        return r.status_code, None
+        return r.status, None
 
 
 def topic_layout(lookupd: tuple[str, ...], topic: str) -> TopicLayout | None:
@@ -143,22 +129,25 @@ def partitions(lookupd: tuple[str, ...], topic: str) -> list[PartitionInfo]:
 def _stats(http: str, topic: str, partition: int, channel: str | None) -> PartitionNumbers:
     url = f"http://{http}/stats"
     try:
-        r = _client(url).get(url, params=stats_params(topic, partition, channel))
-    except httpx.HTTPError as exc:
-        raise NsqdHttpFailed(f"nsqd {url} unreachable: {exc!r}") from exc
-    if r.status_code != 200:
-        raise NsqdHttpFailed(f"nsqd {url} answered HTTP {r.status_code}: {r.text[:200]}")
-    return leader_numbers(r.content, http, topic, partition, channel)
+        r = _request("GET", url, stats_params(topic, partition, channel))
+    except HttpError as exc:
+        raise NsqdHttpFailed(f"nsqd {url} unreachable: {exc}") from exc
+    if r.status != 200:
+        raise NsqdHttpFailed(f"nsqd {url} answered HTTP {r.status}: {_text(r)}")
+    return leader_numbers(r.body, http, topic, partition, channel)
 
 
 def _post(http: str, path: str, params: dict[str, str], body: bytes = b"") -> None:
-    url = f"http://{http}{path}?{urllib.parse.urlencode(params)}"
     try:
-        r = _client(url).post(url, content=body)
-    except httpx.HTTPError as exc:
-        raise LookupFailed(f"nsqd {http}: {path} failed: {exc!r}") from exc
-    if r.status_code != 200:
-        raise LookupFailed(f"nsqd {http}: {path} answered HTTP {r.status_code}: {r.text[:200]}")
+        r = _request("POST", f"http://{http}{path}", params, body)
+    except HttpError as exc:
+        raise LookupFailed(f"nsqd {http}: {path} failed: {exc}") from exc
+    if r.status != 200:
+        raise LookupFailed(f"nsqd {http}: {path} answered HTTP {r.status}: {_text(r)}")
+
+
+def _text(r: Response) -> str:
+    return r.body[:200].decode("utf-8", "replace")
 
 
 def _channel_params(info: PartitionInfo, channel: str) -> dict[str, str]:

@@ -58,8 +58,8 @@ def test_a_publish_that_fails_is_reported_per_line_and_exits_1():
 
 
 def test_smartnsq_works_without_click_and_rich_and_does_not_load_the_cli():
-    # httpx imports click and rich by itself when they are installed, so block them outright:
-    # smartnsq must import and build clients without them, and leave its cli package alone.
+    # Block them outright (installed here for the command line's own tests): smartnsq must
+    # import and build clients without them, and leave its cli package alone.
     code = (
         "import sys; sys.modules['click'] = None; sys.modules['rich'] = None\n"
         "import smartnsq, smartnsq.lookup.manager\n"

@@ -1,9 +1,13 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
 import anyio
-import httpx
+import anyio.abc
 import pytest
-import respx
 
 from smartnsq.errors import InvalidArgument, LookupFailed, ProtocolError, TopicNotFound
+from smartnsq.http import HttpClient
 from smartnsq.lookup import (
     Node,
     TopicMeta,
@@ -13,7 +17,16 @@ from smartnsq.lookup import (
     parse_lookup,
 )
 from smartnsq.lookup.manager import LookupManager
-from smartnsq.lookup.model import loads, parse_listlookup
+from smartnsq.lookup.model import Skipped, loads, parse_listlookup
+from tests.helpers import (
+    FakeApi,
+    HttpRequest,
+    drip,
+    fake_api,
+    hang_up,
+    json_body,
+    unused_address,
+)
 
 PRODUCER = {
     "remote_address": "127.0.0.1:5555",
@@ -210,106 +223,120 @@ def test_addresses():
     assert normalize_lookupd_address("127.0.0.1:4161") == "http://127.0.0.1:4161"
     assert normalize_lookupd_address("http://h:4161/") == "http://h:4161"
     assert check_lookupd_addresses(["h:1", "http://h:1"]) == ["http://h:1"]
-    for bad in ["", "h", "ftp://h:1", "http://:1"]:
-        with pytest.raises(InvalidArgument):
+    assert normalize_lookupd_address("https://[::1]:4161") == "https://[::1]:4161"
+    assert normalize_lookupd_address("http://h:80") == "http://h:80"
+    for bad, problem in [
+        ("", "host:port"),
+        ("h", "host:port"),
+        ("ftp://h:1", "host:port"),
+        ("http://:1", "host:port"),
+        ("h:99999", "not a valid URL"),
+        ("h:x", "not a valid URL"),
+        ("[::1:4161", "not a valid URL"),
+        ("h:1/lookup", "no path"),
+        ("h:1?topic=t", "no path"),
+        ("user@h:1", "no path"),
+        ("bad host:1", "invalid host name"),
+    ]:
+        with pytest.raises(InvalidArgument, match=problem):
             normalize_lookupd_address(bad)
 
 
 @pytest.fixture
-def client():
-    return httpx.AsyncClient(timeout=1.0)
+def client() -> HttpClient:
+    return HttpClient(connect_timeout=1.0)
 
 
-BASE = "http://lookupd.test:4161"
+@pytest.fixture
+async def lookupd(anyio_backend: str) -> AsyncIterator[FakeApi]:
+    async with fake_api() as api:
+        yield api
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-@respx.mock
-async def test_fetch_sends_accept_header_and_parses(client, anyio_backend):
-    route = respx.get(f"{BASE}/lookup").mock(
-        return_value=httpx.Response(200, json={"producers": [PRODUCER]})
-    )
-    layout = await fetch_lookup(client, BASE, "t", access="r")
+async def test_fetch_sends_accept_header_and_parses(client: HttpClient, lookupd: FakeApi) -> None:
+    lookupd.routes["/lookup"] = json_body({"producers": [PRODUCER]})
+    layout = await fetch_lookup(client, lookupd.url, "t", access="r")
     assert layout.producers[0].tcp_port == 4150
-    request = route.calls.last.request
+    [request] = lookupd.calls("/lookup")
     assert request.headers["accept"] == "application/vnd.nsq; version=1.0"
-    assert request.url.params["topic"] == "t"
-    assert request.url.params["access"] == "r"
-    assert request.url.params["metainfo"] == "true"
+    assert request.query == {"topic": "t", "access": "r", "metainfo": "true"}
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-@respx.mock
 @pytest.mark.parametrize(
     ("response", "error"),
     [
-        (httpx.Response(404, json={"message": "TOPIC_NOT_FOUND"}), TopicNotFound),
-        (
-            httpx.Response(500, json={"status_code": 500, "status_txt": "TOPIC_NOT_FOUND"}),
-            TopicNotFound,
-        ),
-        (httpx.Response(500, text="boom"), LookupFailed),
-        (httpx.Response(200, text="{not json"), LookupFailed),
-        (httpx.Response(200, json={"producers": {"x": 1}}), LookupFailed),
-        (httpx.Response(200, text="[" * 100_000), LookupFailed),  # RecursionError in json
-        (httpx.Response(200, content=b"\xff\xfe"), LookupFailed),
+        (json_body({"message": "TOPIC_NOT_FOUND"}, 404), TopicNotFound),
+        (json_body({"status_code": 500, "status_txt": "TOPIC_NOT_FOUND"}, 500), TopicNotFound),
+        ((500, b"boom"), LookupFailed),
+        ((200, b"{not json"), LookupFailed),
+        (json_body({"producers": {"x": 1}}), LookupFailed),
+        ((200, b"[" * 100_000), LookupFailed),  # RecursionError in json
+        ((200, b"\xff\xfe"), LookupFailed),
     ],
 )
-async def test_fetch_errors(client, anyio_backend, response, error):
-    respx.get(f"{BASE}/lookup").mock(return_value=response)
+async def test_fetch_errors(
+    client: HttpClient,
+    lookupd: FakeApi,
+    response: tuple[int, bytes],
+    error: type[Exception],
+) -> None:
+    lookupd.routes["/lookup"] = response
     with pytest.raises(error):
-        await fetch_lookup(client, BASE, "t")
+        await fetch_lookup(client, lookupd.url, "t")
+    assert len(lookupd.calls("/lookup")) == 1
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-@respx.mock
-async def test_fetch_timeout(client, anyio_backend):
-    respx.get(f"{BASE}/lookup").mock(side_effect=httpx.ConnectTimeout("slow"))
+@pytest.mark.parametrize("closes", [False, True])
+async def test_fetch_timeout(client: HttpClient, lookupd: FakeApi, closes: bool) -> None:
+    """Nothing listens, or the server closes the connection at once: unreachable."""
+    lookupd.routes["/lookup"] = hang_up
+    base = lookupd.url if closes else f"http://{unused_address()}"
     with pytest.raises(LookupFailed, match="unreachable"):
-        await fetch_lookup(client, BASE, "t")
+        await fetch_lookup(client, base, "t")
+    assert len(lookupd.calls("/lookup")) == int(closes)
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-@respx.mock
-async def test_fetch_skips_bad_entries_and_reports_them(client, anyio_backend):
+async def test_fetch_skips_bad_entries_and_reports_them(
+    client: HttpClient, lookupd: FakeApi
+) -> None:
     body = {"producers": [{"broadcast_address": "h", "tcp_port": 0}, PRODUCER]}
-    respx.get(f"{BASE}/lookup").mock(return_value=httpx.Response(200, json=body))
-    skipped: list = []
-    layout = await fetch_lookup(client, BASE, "t", skipped=skipped)
+    lookupd.routes["/lookup"] = json_body(body)
+    skipped: list[Skipped] = []
+    layout = await fetch_lookup(client, lookupd.url, "t", skipped=skipped)
     assert [n.broadcast_address for n in layout.producers] == ["10.0.0.1"]
     assert [s.problem for s in skipped] == ["producer entry without a valid tcp_port (1-65535)"]
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-@respx.mock
-async def test_fetch_caps_the_body(client, anyio_backend):
-    pieces = 0
+async def test_fetch_caps_the_body(client: HttpClient, lookupd: FakeApi) -> None:
+    hung_up = anyio.Event()
 
-    async def endless():
-        nonlocal pieces
-        while pieces < 10_000:
-            pieces += 1
-            yield b" " * 1024
+    async def endless(request: HttpRequest, stream: anyio.abc.ByteStream) -> None:
+        await stream.send(b"HTTP/1.1 200 OK\r\n\r\n")  # no length: the body runs to the end
+        try:
+            while True:
+                await stream.send(b" " * 1024)
+        except (anyio.BrokenResourceError, OSError):
+            hung_up.set()
 
-    respx.get(f"{BASE}/lookup").mock(return_value=httpx.Response(200, content=endless()))
-    with pytest.raises(LookupFailed, match="more than 4096 bytes"):
-        await fetch_lookup(client, BASE, "t", max_response_size=4096)
-    assert pieces == 5  # stopped reading right after the cap
+    lookupd.routes["/lookup"] = endless
+    with anyio.fail_after(5):
+        with pytest.raises(LookupFailed, match="more than 4096 bytes"):
+            await fetch_lookup(client, lookupd.url, "t", max_response_size=4096)
+        await hung_up.wait()  # stopped reading right after the cap, and hung up
 
 
 @pytest.mark.anyio
-@respx.mock
-async def test_fetch_deadline_covers_the_body(client, anyio_backend):
-    async def drip():
-        for _ in range(100):
-            yield b" "
-            await anyio.sleep(0.05)  # each read is quick: only a total deadline ends this
-
-    respx.get(f"{BASE}/lookup").mock(return_value=httpx.Response(200, content=drip()))
+async def test_fetch_deadline_covers_the_body(client: HttpClient, lookupd: FakeApi) -> None:
+    lookupd.routes["/lookup"] = drip(100, 0.05)  # each read is quick: only a total deadline
     with anyio.fail_after(3), pytest.raises(LookupFailed, match=r"within 0\.3s"):
-        await fetch_lookup(client, BASE, "t", timeout=0.3)
+        await fetch_lookup(client, lookupd.url, "t", timeout=0.3)
