@@ -7,6 +7,7 @@ import http.server
 import json
 import random
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.abc
 import pytest
+from anyio.streams.tls import TLSListener
 
 from smartnsq import Connection, ConnectionConfig
 from smartnsq.protocol import RawMessage, commands, decode_message
@@ -262,10 +264,12 @@ def parse_request(head: bytes, body: bytes) -> HttpRequest:
 
 
 @asynccontextmanager
-async def fake_api() -> AsyncIterator[FakeApi]:
-    """A :class:`FakeApi` on 127.0.0.1; every connection is cut when the block ends."""
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    api = FakeApi(f"127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}")
+async def fake_api(tls: ssl.SSLContext | None = None) -> AsyncIterator[FakeApi]:
+    """A :class:`FakeApi` on 127.0.0.1 (``tls``: HTTPS with that server context); every
+    connection is cut when the block ends."""
+    tcp = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    api = FakeApi(f"127.0.0.1:{tcp.extra(anyio.abc.SocketAttribute.local_port)}")
+    listener: anyio.abc.Listener[Any] = tcp if tls is None else TLSListener(tcp, tls, False)
 
     async def handle(stream: anyio.abc.ByteStream) -> None:
         async with stream:

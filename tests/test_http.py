@@ -13,11 +13,10 @@ import anyio
 import anyio.abc
 import pytest
 import trustme
-from anyio.streams.tls import TLSListener
 
 import smartnsq.http
 from smartnsq.http import HttpClient, HttpError, TooLarge, request_blocking, tls_verify
-from tests.helpers import fake_http, http_response, unused_address
+from tests.helpers import fake_api, fake_http, http_response, unused_address
 
 
 async def test_a_get_sends_its_query_and_headers_and_reads_the_answer(anyio_backend):
@@ -90,25 +89,9 @@ def ca() -> trustme.CA:
 async def tls_server(ca: trustme.CA, anyio_backend) -> AsyncIterator[str]:
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(server_context)
-    listener = TLSListener(
-        await anyio.create_tcp_listener(local_host="127.0.0.1"), server_context, False
-    )
-    port = listener.listener.extra(anyio.abc.SocketAttribute.local_port)
-
-    async def handle(stream: anyio.abc.ByteStream) -> None:
-        async with stream:
-            try:
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    head += await stream.receive()
-                await stream.send(http_response(200, b"secret"))
-            except (anyio.BrokenResourceError, anyio.EndOfStream, ssl.SSLError):
-                pass  # a client that refused the certificate
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, handle)
-        yield f"127.0.0.1:{port}"
-        tg.cancel_scope.cancel()
+    async with fake_api(tls=server_context) as api:
+        api.routes["/"] = (200, b"secret")
+        yield api.address
 
 
 async def test_https_checks_the_certificate(ca: trustme.CA, tls_server: str, anyio_backend):
