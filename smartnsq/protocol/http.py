@@ -81,6 +81,7 @@ class ResponseParser:
         self.max_size = max_size
         self._buf = bytearray()
         self._scan = 0  # where to look for the next line end
+        self._head_size = 0  # bytes of head (then of trailers) so far
         self._status = 0
         self._headers: dict[bytes, bytes] = {}
         self._body = bytearray()
@@ -111,6 +112,10 @@ class ResponseParser:
             if self._scan > (MAX_HEAD if self._state in ("head", "trailers") else 1024):
                 raise HttpError(f"a line of the answer's {self._state} is too long")
             return None
+        if self._state in ("head", "trailers"):  # many short lines must not grow them forever
+            self._head_size += end + 1
+            if self._head_size > MAX_HEAD:
+                raise HttpError(f"the answer's {self._state} is too large")
         line = bytes(self._buf[:end]).rstrip(b"\r")
         del self._buf[: end + 1]
         self._scan = 0
@@ -153,7 +158,11 @@ class ResponseParser:
                 if self._left < 0:
                     raise HttpError(f"bad chunk size {field[:40]!r}")
                 self._check(len(self._body) + self._left)
-                self._state = "chunk-data" if self._left else "trailers"
+                if self._left:
+                    self._state = "chunk-data"
+                else:
+                    self._state = "trailers"
+                    self._head_size = 0
             elif state == "chunk-data":
                 self._take(self._left)
                 if self._left:

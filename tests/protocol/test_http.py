@@ -115,7 +115,13 @@ def test_a_compressed_body_is_decoded_and_capped_decoded(encoding):
         (with_length(200, b"x", "Content-Encoding: br\r\n"), "unsupported Content-Encoding"),
         (with_length(200, b"not gzip", "Content-Encoding: gzip\r\n"), "corrupt gzip"),
         (b"HTTP/1.1 200 OK\r\nX: " + b"a" * MAX_HEAD, "too long"),
+        (b"HTTP/1.1 200 OK\r\n" + b"X: a\r\n" * (MAX_HEAD // 6), "head is too large"),
+        (with_length(200, b"")[:-2] + b"X: a\r\n" * (MAX_HEAD // 6), "head is too large"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"0" * 2000, "too long"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n" + b"T: 1\r\n" * 20000,
+            "trailers is too large",
+        ),
         (b"", "before the whole answer"),
     ],
 )
