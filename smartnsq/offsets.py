@@ -129,7 +129,7 @@ async def partition_offsets(
         async with LookupManager(lookupds, timeout=min(timeout, 5.0)) as manager:
             layout = await manager.lookup(topic, "r")
             leaders = partition_leaders(topic, layout)
-            client = HttpClient()
+            client = manager.client
             results: dict[int, PartitionOffsets] = {}
 
             async def one(partition: int, node: Node) -> None:

@@ -122,9 +122,9 @@ class ResponseParser:
         return line
 
     def _take(self, n: int) -> None:
-        self._check(len(self._body) + min(n, len(self._buf)))
-        self._body += self._buf[:n]
         taken = min(n, len(self._buf))
+        self._check(len(self._body) + taken)
+        self._body += self._buf[:taken]
         del self._buf[:taken]
         self._left -= taken
 
