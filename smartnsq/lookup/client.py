@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
@@ -10,7 +9,14 @@ import anyio
 
 from smartnsq.errors import InvalidArgument, LookupFailed, ProtocolError, TopicNotFound
 from smartnsq.http import HttpClient, HttpError, TooLarge
-from smartnsq.lookup.model import Skipped, TopicLayout, loads, parse_listlookup, parse_lookup
+from smartnsq.lookup.model import (
+    Skipped,
+    TopicLayout,
+    loads,
+    parse_listlookup,
+    parse_lookup,
+    valid_host,
+)
 
 # identity: the size cap counts the bytes we keep, not a compressed stream that may inflate.
 ACCEPT = {"Accept": "application/vnd.nsq; version=1.0", "Accept-Encoding": "identity"}
@@ -37,12 +43,9 @@ def normalize_lookupd_address(address: str) -> str:
         raise InvalidArgument(f"lookupd address {address!r} must look like host:port")
     if parsed.path or parsed.query or parsed.fragment or "@" in parsed.netloc:
         raise InvalidArgument(f"lookupd address {address!r} must be host:port, with no path")
-    if not _HOST.fullmatch(host) and ":" not in host:  # names and IPv4 (IPv6 checked above)
+    if not valid_host(host):
         raise InvalidArgument(f"lookupd address {address!r} has an invalid host name")
     return url
-
-
-_HOST = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def check_lookupd_addresses(addresses: Sequence[str] | str) -> list[str]:

@@ -12,6 +12,7 @@ or ``partitions`` have the wrong type, is unusable as a whole.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Mapping
@@ -107,6 +108,22 @@ def _int(value: Any) -> int | None:
     return None
 
 
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,253}")
+
+
+def valid_host(host: str) -> bool:
+    """A host name or IPv4 address (letters, digits, ``_.-``), or an IPv6 address (without
+    brackets, with an optional ``%zone``): what a configured lookupd address may hold, and
+    what an address from a lookupd's answer must hold before it is put in a URL or dialled."""
+    if _NAME.fullmatch(host):
+        return True
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def port(value: Any) -> int | None:
     """A TCP port (1-65535) from JSON, else None."""
     n = _int(value)
@@ -119,6 +136,8 @@ def _node(raw: Any) -> Node:
     host = raw.get("broadcast_address") or raw.get("address") or raw.get("hostname")
     if not isinstance(host, str) or not host.strip():
         raise _BadEntry("entry without an address")
+    if not valid_host(host.strip()):
+        raise _BadEntry("entry with an invalid address (not a host name, IPv4 or IPv6 address)")
     tcp = port(raw.get("tcp_port"))
     if tcp is None:
         raise _BadEntry("entry without a valid tcp_port (1-65535)")
@@ -221,14 +240,11 @@ def parse_listlookup(
     return list(urls), leader
 
 
-_HOST = re.compile(r"[A-Za-z0-9._:%-]{1,253}")
-
-
 def _lookupd_url(raw: Any) -> str:
     if not isinstance(raw, dict):
         raise _BadEntry("entry is not an object")
     ip = raw.get("NodeIP")
-    if not isinstance(ip, str) or not _HOST.fullmatch(ip):
+    if not isinstance(ip, str) or not valid_host(ip):
         raise _BadEntry("entry without a valid NodeIP")
     http = port(raw.get("HttpPort"))
     if http is None:
