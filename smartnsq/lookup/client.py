@@ -10,11 +10,13 @@ import anyio
 from smartnsq.errors import InvalidArgument, LookupFailed, ProtocolError, TopicNotFound
 from smartnsq.http import HttpClient, HttpError, TooLarge
 from smartnsq.lookup.model import (
+    MAX_NODES,
     Skipped,
     TopicLayout,
     loads,
     parse_listlookup,
     parse_lookup,
+    too_many_nodes,
     valid_host,
 )
 
@@ -79,7 +81,7 @@ async def fetch(
                 f"{path} (max_response_size); its answer is ignored"
             ) from None
         except HttpError as exc:
-            raise LookupFailed(f"lookupd {base_url} unreachable: {exc}") from exc
+            raise LookupFailed(f"lookupd {base_url} failed: {exc}") from exc
         return r.status, r.body
     raise LookupFailed(f"lookupd {base_url} did not answer {path} within {timeout}s")
 
@@ -112,7 +114,11 @@ async def fetch_lookup(
     if status == 500 and b"TOPIC_NOT_FOUND" in body:  # 0.x envelope style
         raise TopicNotFound(f"lookupd {base_url} does not know topic {topic!r}")
     if status != 200:
-        raise LookupFailed(f"lookupd {base_url} answered HTTP {status}")
+        raise LookupFailed(f"lookupd {base_url} answered HTTP {status}{_redirect(status)}")
+    if too_many_nodes(body):
+        raise LookupFailed(
+            f"lookupd {base_url} sent an unusable answer: it lists more than {MAX_NODES} nsqd"
+        )
     try:
         return parse_lookup(loads(body), skipped)
     except (ValueError, RecursionError, ProtocolError) as exc:
@@ -141,9 +147,22 @@ async def fetch_listlookup(
     if not body.strip():
         return [], None
     if status != 200:
-        raise LookupFailed(f"lookupd {base_url} answered HTTP {status} to /listlookup")
+        raise LookupFailed(
+            f"lookupd {base_url} answered HTTP {status} to /listlookup{_redirect(status)}"
+        )
+    if too_many_nodes(body):
+        raise LookupFailed(
+            f"lookupd {base_url} sent an unusable answer to /listlookup: it lists more than "
+            f"{MAX_NODES} entries"
+        )
     try:
         data = loads(body)
     except (ValueError, RecursionError):
         return [], None  # not an HA lookupd: the seed is its own cluster
     return parse_listlookup(data, skipped)
+
+
+def _redirect(status: int) -> str:
+    if 300 <= status < 400:
+        return " (a redirect; not followed: give the lookupd's own address)"
+    return ""

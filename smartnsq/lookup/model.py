@@ -83,6 +83,11 @@ class _BadEntry(Exception):
 
 _DIGITS = re.compile(r"[0-9]{1,12}")
 
+# Producers, or partitions, one answer may list. A real topic has tens of nsqd, rarely
+# hundreds; a lookupd listing 10^5 would have a consumer dial them all (and decoding such an
+# answer takes 40 MB and seconds), so the answer is refused as a whole.
+MAX_NODES = 4096
+
 
 def _parse_int(text: str) -> int | float:
     # json.loads refuses integers over 4300 digits with ValueError, failing the whole answer;
@@ -170,6 +175,13 @@ def _meta(raw: dict[Any, Any], partitions: int) -> TopicMeta:
     )
 
 
+def too_many_nodes(body: bytes) -> bool:
+    """Whether an answer surely holds more than :data:`MAX_NODES` entries, told before it is
+    decoded at all (decoding holds the event loop: 4 MB of small objects take 40 MB and a
+    good part of a second). Each entry is a JSON object, with at most a dozen fields."""
+    return body.count(b"{") > 2 * MAX_NODES + 16 or body.count(b",") > 16 * MAX_NODES
+
+
 def parse_lookup(body: Any, skipped: list[Skipped] | None = None) -> TopicLayout:
     """Parse a ``/lookup`` answer (already JSON-decoded).
 
@@ -190,6 +202,8 @@ def parse_lookup(body: Any, skipped: list[Skipped] | None = None) -> TopicLayout
         raw_parts = {}
     if not isinstance(raw_parts, dict):
         raise ProtocolError("lookupd answer has a non-object 'partitions'")
+    if max(len(producers), len(raw_parts)) > MAX_NODES:
+        raise ProtocolError(f"lookupd answer lists more than {MAX_NODES} nsqd")
     nodes: dict[Node, None] = {}
     for raw in producers:
         try:

@@ -132,7 +132,11 @@ class ResponseParser:
     def feed(self, data: bytes) -> Response | None:
         if self._done is None and data:
             self._conn.receive_data(data)
-            self._run()
+            try:
+                self._run()
+            except HttpError:
+                self._body = bytearray()  # the error's traceback must not keep it alive
+                raise
         return self._done
 
     def end(self) -> Response:
@@ -141,7 +145,10 @@ class ResponseParser:
             self._conn.receive_data(b"")
             try:
                 self._run()
-            except _Malformed as exc:
+            except HttpError as exc:
+                self._body = bytearray()
+                if not isinstance(exc, _Malformed):
+                    raise
                 part = "answer" if self._status else "answer's head"
                 raise HttpError(
                     f"the connection ended before the whole {part} ({exc.__cause__})"
