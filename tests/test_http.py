@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -264,3 +266,15 @@ async def test_a_bad_request_is_refused_before_anything_is_sent(
         with pytest.raises(HttpError, match="bad"):
             request_blocking("GET", f"{api.url}{path}", headers=headers, timeout=5)
         assert api.requests == []
+
+
+def test_h11_is_loaded_by_the_first_request_not_by_the_clients_imports():
+    # a Producer given nsqd addresses only never makes an HTTP request
+    probe = (
+        "import sys; import smartnsq.sync; from smartnsq import Consumer, Producer; "
+        "before = 'h11' in sys.modules; "
+        "from smartnsq.protocol.http import build_request; build_request('GET', 'http://h/'); "
+        "print(before, 'h11' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]

@@ -17,12 +17,16 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import urlencode, urlsplit
 
-import h11
-
 from smartnsq._version import __version__
+
+if TYPE_CHECKING:
+    import h11
+
+# h11 is imported by the first request, not with this module: every Producer and Consumer
+# imports it, and one given nsqd addresses only never makes an HTTP request.
 
 MAX_HEAD = 64 << 10  # the status line and headers of one answer, and the trailers
 MAX_INTERIM = 8  # 1xx answers before the real one; h11 takes any number
@@ -101,6 +105,8 @@ def build_request(
             raise HttpError(f"bad header name {name!r}")
         if not isinstance(value, str) or not _VALUE.fullmatch(value):
             raise HttpError(f"bad value for header {name}: {value!r} (printable ASCII only)")
+    import h11
+
     conn = h11.Connection(h11.CLIENT)
     try:
         data = conn.send(h11.Request(method=method, target=target, headers=fields)) or b""
@@ -118,6 +124,8 @@ class ResponseParser:
     (:class:`TooLarge` once the body passes ``max_size``)."""
 
     def __init__(self, method: str = "GET", max_size: int | None = None) -> None:
+        import h11
+
         self.max_size = max_size
         self._conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         # h11 frames an answer by the request it answers (HEAD has no body): tell it.
@@ -158,6 +166,8 @@ class ResponseParser:
         return self._done
 
     def _run(self) -> None:
+        import h11
+
         while self._done is None:
             try:
                 event = self._conn.next_event()
