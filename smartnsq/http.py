@@ -15,7 +15,7 @@ import os
 import socket
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import anyio
 import anyio.abc
@@ -37,16 +37,10 @@ _READ = 65536
 @functools.cache
 def tls_verify() -> ssl.SSLContext:
     """The certificate check for ``https://`` URLs, built once per process (loading the
-    trust store takes 20-40 ms). ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` choose the trust store,
-    else certifi's when installed, else the system's."""
+    trust store takes 20-40 ms): the system's trust store, as for nsqd's TLS, or the one
+    ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` name instead. Never certifi's, even when installed:
+    one trust store, whatever else happens to be in the environment."""
     cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
-    if not cafile and not capath:
-        try:
-            import certifi
-        except ImportError:
-            pass
-        else:
-            cafile = certifi.where()
     return ssl.create_default_context(cafile=cafile or None, capath=capath or None)
 
 
@@ -126,25 +120,34 @@ def request_blocking(
     max_size: int | None = None,
     ssl_context: ssl.SSLContext | None = None,
 ) -> Response:
-    """:meth:`HttpClient.request` for a plain thread; ``timeout`` bounds the whole request."""
+    """:meth:`HttpClient.request` for a plain thread; ``timeout`` bounds the whole request:
+    connecting, the TLS handshake, sending and reading each get the time that is left."""
     req = build_request(method, url, params, headers, body)
     deadline = time.monotonic() + timeout
     parser = ResponseParser(method, max_size)
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        return remaining
+
     try:
-        sock = socket.create_connection((req.host, req.port), timeout=timeout)
+        sock = _connect(req.host, req.port, left)
+    except TimeoutError:
+        raise HttpError(f"cannot connect to {req.host}:{req.port} within {timeout}s") from None
     except OSError as exc:
         raise HttpError(f"cannot connect to {req.host}:{req.port}: {exc!r}") from exc
     try:
         if req.tls:
             context = ssl_context or tls_verify()
+            sock.settimeout(left())  # the handshake runs under the socket's timeout
             sock = context.wrap_socket(sock, server_hostname=req.host)
         with sock:
+            sock.settimeout(left())
             sock.sendall(req.data)
             while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise HttpError(f"{req.host}:{req.port} did not answer within {timeout}s")
-                sock.settimeout(left)
+                sock.settimeout(left())
                 data = sock.recv(_READ)
                 if not data:
                     return parser.end()
@@ -156,3 +159,23 @@ def request_blocking(
         raise HttpError(f"{req.host}:{req.port} broke off its answer: {exc!r}") from exc
     finally:
         sock.close()
+
+
+def _connect(host: str, port: int, left: Callable[[], float]) -> socket.socket:
+    """``socket.create_connection``, but each address tried gets the time left of the
+    whole request, not a fresh timeout each (nor one more for the name look-up)."""
+    first: OSError | None = None
+    for family, kind, proto, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(left())
+            sock.connect(address)
+        except TimeoutError:
+            sock.close()
+            raise
+        except OSError as exc:
+            sock.close()
+            first = first or exc
+        else:
+            return sock
+    raise first or OSError(f"no address for {host!r}")

@@ -30,7 +30,7 @@ from smartnsq.errors import (
     ProtocolError,
     TopicNotFound,
 )
-from smartnsq.http import HttpClient, HttpError
+from smartnsq.http import HttpClient, HttpError, TooLarge
 from smartnsq.lookup.client import ACCEPT, check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import Node, TopicLayout, loads
@@ -178,8 +178,10 @@ async def _request(
     with anyio.move_on_after(REQUEST_TIMEOUT):
         try:
             r = await client.request(method, url, params, ACCEPT, body, max_size=MAX_ANSWER)
+        except TooLarge:
+            raise NsqdHttpFailed(f"nsqd {url} sent more than {MAX_ANSWER} bytes") from None
         except HttpError as exc:
-            raise NsqdHttpFailed(f"nsqd {url} unreachable: {exc}") from exc
+            raise NsqdHttpFailed(f"nsqd {url} failed: {exc}") from exc
         if r.status != 200:
             text = r.body[:200].decode("utf-8", "replace")
             raise NsqdHttpFailed(f"nsqd {url} answered HTTP {r.status}: {text}")

@@ -367,3 +367,38 @@ def blocking_fake_api(handle: Callable[[HttpRequest], tuple[int, bytes]]) -> Ite
         server.shutdown()
         thread.join()
         server.server_close()
+
+
+def raw(answer: bytes) -> Route:
+    """A route that sends ``answer`` as it is (a malformed one, say) and hangs up."""
+
+    async def respond(request: HttpRequest, stream: anyio.abc.ByteStream) -> None:
+        await stream.send(answer)
+
+    return respond
+
+
+class Flood:
+    """A route that sends a 200 answer with a body of ``size`` bytes in 64 KiB pieces,
+    framed by ``framing`` ("length", "chunked" or "close"), or without end when ``size`` is
+    None; ``sent`` counts the body bytes that left."""
+
+    def __init__(self, size: int | None, framing: str = "length") -> None:
+        self.size = size
+        self.framing = framing
+        self.sent = 0
+
+    async def __call__(self, request: HttpRequest, stream: anyio.abc.ByteStream) -> None:
+        head = "HTTP/1.1 200 OK\r\n"
+        if self.framing == "length":
+            head += f"Content-Length: {self.size}\r\n"
+        elif self.framing == "chunked":
+            head += "Transfer-Encoding: chunked\r\n"
+        await stream.send(f"{head}\r\n".encode())
+        piece = b"[" * 65536
+        while self.size is None or self.sent < self.size:
+            if self.framing == "chunked":
+                await stream.send(b"%x\r\n%s\r\n" % (len(piece), piece))
+            else:
+                await stream.send(piece)
+            self.sent += len(piece)

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import socket
 import ssl
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -192,3 +196,85 @@ def blocking_server(answer: bytes | None, tls: ssl.SSLContext | None = None) -> 
         for conn in conns:
             conn.close()
         thread.join(5)
+
+
+def test_blocking_connect_and_tls_get_the_time_left(monkeypatch: pytest.MonkeyPatch):
+    """A slow name look-up leaves less time for the handshake, not a fresh timeout (it was
+    the full timeout for connect and again for TLS, so the whole took up to twice it)."""
+    real_getaddrinfo = socket.getaddrinfo
+
+    def slow_getaddrinfo(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.8)
+        return real_getaddrinfo(*args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_getaddrinfo)
+    with blocking_server(None) as address:  # accepts, never answers the TLS handshake
+        started = time.monotonic()
+        with pytest.raises(HttpError, match=r"within 1\.0s"):
+            request_blocking("GET", f"https://{address}/", timeout=1.0)
+        elapsed = time.monotonic() - started
+    assert elapsed < 1.5, elapsed  # was 1.8: 0.8 s look-up, then 1.0 s more for TLS
+
+
+def test_the_trust_store_is_the_systems_even_with_certifi_installed(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    import certifi  # installed here (by other packages): it must not change what is trusted
+
+    assert certifi.where()
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    ours = tls_verify.__wrapped__().get_ca_certs()
+    assert ours == ssl.create_default_context().get_ca_certs()
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", "conflicting"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\n{}\r\n0\r\n\r\n", "chunk"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: xchunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", "chunked"),
+        (b"HTTP/1.1 20 OK\r\nContent-Length: 2\r\n\r\n{}", "status line"),
+    ],
+)
+def test_a_malformed_answer_is_an_http_error_on_both_clients(answer: bytes, error: str):
+    async def ask(address: str) -> None:
+        await HttpClient().get(f"http://{address}/")
+
+    with blocking_server(answer) as address:
+        with pytest.raises(HttpError, match=error):
+            anyio.run(ask, address)
+        with pytest.raises(HttpError, match=error):
+            request_blocking("GET", f"http://{address}/", timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("path", "headers"),
+    [
+        ("/lookup\u65e5\u672c", None),  # was a bare UnicodeEncodeError
+        ("/lookup\r\nX-Injected: 1", None),
+        ("/lookup", {"Accept": "x\r\nX-Injected: 1"}),
+        ("/lookup", {"Accept": "\u00e9"}),
+    ],
+)
+async def test_a_bad_request_is_refused_before_anything_is_sent(
+    path: str, headers: dict[str, str] | None, anyio_backend
+):
+    async with fake_api() as api:
+        with pytest.raises(HttpError, match="bad"):
+            await HttpClient().get(f"{api.url}{path}", headers=headers)
+        with pytest.raises(HttpError, match="bad"):
+            request_blocking("GET", f"{api.url}{path}", headers=headers, timeout=5)
+        assert api.requests == []
+
+
+def test_h11_is_loaded_by_the_first_request_not_by_the_clients_imports():
+    # a Producer given nsqd addresses only never makes an HTTP request
+    probe = (
+        "import sys; import smartnsq.sync; from smartnsq import Consumer, Producer; "
+        "before = 'h11' in sys.modules; "
+        "from smartnsq.protocol.http import build_request; build_request('GET', 'http://h/'); "
+        "print(before, 'h11' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]

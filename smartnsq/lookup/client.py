@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
@@ -10,7 +9,16 @@ import anyio
 
 from smartnsq.errors import InvalidArgument, LookupFailed, ProtocolError, TopicNotFound
 from smartnsq.http import HttpClient, HttpError, TooLarge
-from smartnsq.lookup.model import Skipped, TopicLayout, loads, parse_listlookup, parse_lookup
+from smartnsq.lookup.model import (
+    MAX_NODES,
+    Skipped,
+    TopicLayout,
+    loads,
+    parse_listlookup,
+    parse_lookup,
+    too_many_nodes,
+    valid_host,
+)
 
 # identity: the size cap counts the bytes we keep, not a compressed stream that may inflate.
 ACCEPT = {"Accept": "application/vnd.nsq; version=1.0", "Accept-Encoding": "identity"}
@@ -37,12 +45,9 @@ def normalize_lookupd_address(address: str) -> str:
         raise InvalidArgument(f"lookupd address {address!r} must look like host:port")
     if parsed.path or parsed.query or parsed.fragment or "@" in parsed.netloc:
         raise InvalidArgument(f"lookupd address {address!r} must be host:port, with no path")
-    if not _HOST.fullmatch(host) and ":" not in host:  # names and IPv4 (IPv6 checked above)
+    if not valid_host(host):
         raise InvalidArgument(f"lookupd address {address!r} has an invalid host name")
     return url
-
-
-_HOST = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def check_lookupd_addresses(addresses: Sequence[str] | str) -> list[str]:
@@ -76,7 +81,7 @@ async def fetch(
                 f"{path} (max_response_size); its answer is ignored"
             ) from None
         except HttpError as exc:
-            raise LookupFailed(f"lookupd {base_url} unreachable: {exc}") from exc
+            raise LookupFailed(f"lookupd {base_url} failed: {exc}") from exc
         return r.status, r.body
     raise LookupFailed(f"lookupd {base_url} did not answer {path} within {timeout}s")
 
@@ -109,7 +114,11 @@ async def fetch_lookup(
     if status == 500 and b"TOPIC_NOT_FOUND" in body:  # 0.x envelope style
         raise TopicNotFound(f"lookupd {base_url} does not know topic {topic!r}")
     if status != 200:
-        raise LookupFailed(f"lookupd {base_url} answered HTTP {status}")
+        raise LookupFailed(f"lookupd {base_url} answered HTTP {status}{_redirect(status)}")
+    if too_many_nodes(body):
+        raise LookupFailed(
+            f"lookupd {base_url} sent an unusable answer: it lists more than {MAX_NODES} nsqd"
+        )
     try:
         return parse_lookup(loads(body), skipped)
     except (ValueError, RecursionError, ProtocolError) as exc:
@@ -138,9 +147,22 @@ async def fetch_listlookup(
     if not body.strip():
         return [], None
     if status != 200:
-        raise LookupFailed(f"lookupd {base_url} answered HTTP {status} to /listlookup")
+        raise LookupFailed(
+            f"lookupd {base_url} answered HTTP {status} to /listlookup{_redirect(status)}"
+        )
+    if too_many_nodes(body):
+        raise LookupFailed(
+            f"lookupd {base_url} sent an unusable answer to /listlookup: it lists more than "
+            f"{MAX_NODES} entries"
+        )
     try:
         data = loads(body)
     except (ValueError, RecursionError):
         return [], None  # not an HA lookupd: the seed is its own cluster
     return parse_listlookup(data, skipped)
+
+
+def _redirect(status: int) -> str:
+    if 300 <= status < 400:
+        return " (a redirect; not followed: give the lookupd's own address)"
+    return ""

@@ -143,16 +143,14 @@ class LookupManager:
 
         return sorted(self._known, key=key)
 
-    def _failed(self, url: str, exc: Exception) -> None:
+    def _failed(self, url: str, problem: str) -> None:
         h = self._health.setdefault(url, _Health())
         h.failures += 1
         delay = min(self.max_backoff, 0.5 * 2 ** min(h.failures, 10))
         h.retry_at = time.monotonic() + delay * random.uniform(0.5, 1.0)
         if not h.reported:
             h.reported = True
-            log.warning(
-                "lookupd %s failed: %s (ranked down; logged once until it recovers)", url, exc
-            )
+            log.warning("%s (ranked down; logged once until it recovers)", problem)
 
     def _succeeded(self, url: str) -> None:
         h = self._health.get(url)
@@ -224,10 +222,12 @@ class LookupManager:
                 try:
                     answer = await request(url)
                 except LookupFailed as exc:
-                    failure = exc
+                    # its text, not the exception: the exception's frames hold the answer (up
+                    # to max_response_size) and would keep it alive in a reference cycle
+                    failure = str(exc)
                 except Exception as exc:  # whatever one lookupd causes is its failure only
                     log.debug("lookupd %s: unexpected error", url, exc_info=True)
-                    failure = LookupFailed(f"lookupd {url} failed: {exc!r:.200}")
+                    failure = f"lookupd {url} failed: {exc!r:.200}"
                 else:
                     finished.add(url)
                     answers.append((url, answer))
@@ -236,17 +236,15 @@ class LookupManager:
                         tg.cancel_scope.deadline = min(tg.cancel_scope.deadline, grace_end)
                     return
                 finished.add(url)
-                errors.append(str(failure))
+                errors.append(failure)
                 self._failed(url, failure)
 
             for url in urls:
                 tg.start_soon(one, url)
         for url in urls:
             if url not in finished:
-                late = LookupFailed(
-                    f"lookupd {url} had not answered {self.answer_grace}s after another one did"
-                )
-                errors.append(str(late))
+                late = f"lookupd {url} had not answered {self.answer_grace}s after another one did"
+                errors.append(late)
                 self._failed(url, late)
         return answers, errors
 

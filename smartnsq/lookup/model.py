@@ -12,6 +12,7 @@ or ``partitions`` have the wrong type, is unusable as a whole.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Mapping
@@ -82,6 +83,11 @@ class _BadEntry(Exception):
 
 _DIGITS = re.compile(r"[0-9]{1,12}")
 
+# Producers, or partitions, one answer may list. A real topic has tens of nsqd, rarely
+# hundreds; a lookupd listing 10^5 would have a consumer dial them all (and decoding such an
+# answer takes 40 MB and seconds), so the answer is refused as a whole.
+MAX_NODES = 4096
+
 
 def _parse_int(text: str) -> int | float:
     # json.loads refuses integers over 4300 digits with ValueError, failing the whole answer;
@@ -107,6 +113,22 @@ def _int(value: Any) -> int | None:
     return None
 
 
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,253}")
+
+
+def valid_host(host: str) -> bool:
+    """A host name or IPv4 address (letters, digits, ``_.-``), or an IPv6 address (without
+    brackets, with an optional ``%zone``): what a configured lookupd address may hold, and
+    what an address from a lookupd's answer must hold before it is put in a URL or dialled."""
+    if _NAME.fullmatch(host):
+        return True
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def port(value: Any) -> int | None:
     """A TCP port (1-65535) from JSON, else None."""
     n = _int(value)
@@ -119,6 +141,8 @@ def _node(raw: Any) -> Node:
     host = raw.get("broadcast_address") or raw.get("address") or raw.get("hostname")
     if not isinstance(host, str) or not host.strip():
         raise _BadEntry("entry without an address")
+    if not valid_host(host.strip()):
+        raise _BadEntry("entry with an invalid address (not a host name, IPv4 or IPv6 address)")
     tcp = port(raw.get("tcp_port"))
     if tcp is None:
         raise _BadEntry("entry without a valid tcp_port (1-65535)")
@@ -151,6 +175,13 @@ def _meta(raw: dict[Any, Any], partitions: int) -> TopicMeta:
     )
 
 
+def too_many_nodes(body: bytes) -> bool:
+    """Whether an answer surely holds more than :data:`MAX_NODES` entries, told before it is
+    decoded at all (decoding holds the event loop: 4 MB of small objects take 40 MB and a
+    good part of a second). Each entry is a JSON object, with at most a dozen fields."""
+    return body.count(b"{") > 2 * MAX_NODES + 16 or body.count(b",") > 16 * MAX_NODES
+
+
 def parse_lookup(body: Any, skipped: list[Skipped] | None = None) -> TopicLayout:
     """Parse a ``/lookup`` answer (already JSON-decoded).
 
@@ -171,6 +202,8 @@ def parse_lookup(body: Any, skipped: list[Skipped] | None = None) -> TopicLayout
         raw_parts = {}
     if not isinstance(raw_parts, dict):
         raise ProtocolError("lookupd answer has a non-object 'partitions'")
+    if max(len(producers), len(raw_parts)) > MAX_NODES:
+        raise ProtocolError(f"lookupd answer lists more than {MAX_NODES} nsqd")
     nodes: dict[Node, None] = {}
     for raw in producers:
         try:
@@ -221,14 +254,11 @@ def parse_listlookup(
     return list(urls), leader
 
 
-_HOST = re.compile(r"[A-Za-z0-9._:%-]{1,253}")
-
-
 def _lookupd_url(raw: Any) -> str:
     if not isinstance(raw, dict):
         raise _BadEntry("entry is not an object")
     ip = raw.get("NodeIP")
-    if not isinstance(ip, str) or not _HOST.fullmatch(ip):
+    if not isinstance(ip, str) or not valid_host(ip):
         raise _BadEntry("entry without a valid NodeIP")
     http = port(raw.get("HttpPort"))
     if http is None:

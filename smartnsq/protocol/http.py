@@ -1,30 +1,57 @@
-"""HTTP/1.1 for nsqlookupd's and nsqd's HTTP APIs, sans-IO: a request to bytes, and the
-bytes of its answer to a status and a body. :mod:`smartnsq.http` runs them over a socket.
+"""HTTP/1.1 for nsqlookupd's and nsqd's HTTP APIs, sans-IO, on h11: a request to bytes, and
+the bytes of its answer to a status and a body. :mod:`smartnsq.http` runs them over a socket.
 
 What these APIs need is little: a GET or POST with a query, and a JSON answer of a few
 kilobytes read whole, within a size cap. One connection per request (``Connection:
 close``), so the answer may also run to the end of the connection.
+
+h11 does the framing and refuses what a strict parser refuses (conflicting
+``Content-Length``, chunk sizes that are not plain hex, unknown ``Transfer-Encoding``,
+malformed header lines and status lines). This layer adds what h11 leaves to its user: the
+checks on what is sent, the caps on the body (received and decoded) and on interim (1xx)
+answers, and decoding a ``Content-Encoding``.
 """
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import urlencode, urlsplit
 
 from smartnsq._version import __version__
 
-MAX_HEAD = 64 << 10
+if TYPE_CHECKING:
+    import h11
+
+# h11 is imported by the first request, not with this module: every Producer and Consumer
+# imports it, and one given nsqd addresses only never makes an HTTP request.
+
+MAX_HEAD = 64 << 10  # the status line and headers of one answer, and the trailers
+MAX_INTERIM = 8  # 1xx answers before the real one; h11 takes any number
 MAX_DECODED = 64 << 20  # when the caller gives no cap: bounds a decompression bomb
+
+# What may appear in a URL: printable ASCII, no space. Anything else (CR, LF, NUL, a
+# non-ASCII letter) is refused rather than quoted: these URLs are built from addresses and
+# names that the rest of the client already checked, so a stray byte means a bug or an
+# injection attempt, not a name to percent-encode.
+_URL = re.compile(r"[\x21-\x7e]+")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_VALUE = re.compile(r"[\x20-\x7e\t]*")
 
 
 class HttpError(Exception):
-    """No usable answer: the server could not be reached, or broke off or garbled it."""
+    """No usable answer: the server could not be reached, or broke off or garbled it; or
+    the request itself could not be sent as asked (then nothing was sent)."""
 
 
 class TooLarge(HttpError):
     """The answer's body is larger than the caller's cap."""
+
+
+class _Malformed(HttpError):
+    """What h11 refused (its error is the cause)."""
 
 
 class Response(NamedTuple):
@@ -48,8 +75,14 @@ def build_request(
     headers: Mapping[str, str] | None = None,
     body: bytes | None = None,
 ) -> Request:
-    """``method url?params``, the query appended to any ``url`` has. HttpError for a URL
-    that is not ``http(s)://host[:port][/path]``."""
+    """``method url?params``, the query appended to any ``url`` has. HttpError, before
+    anything is sent, for a URL that is not ``http(s)://host[:port][/path]`` in printable
+    ASCII, and for a method or header that HTTP cannot carry (CR, LF, non-ASCII)."""
+    # urlsplit silently drops tabs and newlines from a URL; refuse them before it can.
+    if not isinstance(url, str) or not _URL.fullmatch(url):
+        raise HttpError(f"bad URL {url!r}: only printable ASCII, no spaces or line breaks")
+    if not isinstance(method, str) or not _TOKEN.fullmatch(method):
+        raise HttpError(f"bad method {method!r}")
     try:
         parts = urlsplit(url)
         host, port = parts.hostname, parts.port
@@ -62,12 +95,26 @@ def build_request(
     query = "&".join(q for q in (parts.query, urlencode(params or {})) if q)
     if query:
         target += "?" + query
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {parts.netloc.rpartition('@')[2]}"]
-    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
-    lines += [f"User-Agent: smartnsq/{__version__}", "Connection: close"]
+    fields = [("Host", parts.netloc.rpartition("@")[2])]
+    fields += list((headers or {}).items())
+    fields += [("User-Agent", f"smartnsq/{__version__}"), ("Connection", "close")]
     if body is not None or method in ("POST", "PUT"):
-        lines.append(f"Content-Length: {len(body or b'')}")
-    data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+        fields.append(("Content-Length", str(len(body or b""))))
+    for name, value in fields:
+        if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+            raise HttpError(f"bad header name {name!r}")
+        if not isinstance(value, str) or not _VALUE.fullmatch(value):
+            raise HttpError(f"bad value for header {name}: {value!r} (printable ASCII only)")
+    import h11
+
+    conn = h11.Connection(h11.CLIENT)
+    try:
+        data = conn.send(h11.Request(method=method, target=target, headers=fields)) or b""
+        if body:
+            data += conn.send(h11.Data(data=body)) or b""
+        data += conn.send(h11.EndOfMessage()) or b""
+    except h11.LocalProtocolError as exc:  # what the checks above did not foresee
+        raise HttpError(f"cannot send {method} {url!r}: {exc}") from None
     return Request(host, port or (443 if tls else 80), tls, data)
 
 
@@ -77,172 +124,109 @@ class ResponseParser:
     (:class:`TooLarge` once the body passes ``max_size``)."""
 
     def __init__(self, method: str = "GET", max_size: int | None = None) -> None:
-        self.method = method
+        import h11
+
         self.max_size = max_size
-        self._buf = bytearray()
-        self._scan = 0  # where to look for the next line end
-        self._head_size = 0  # bytes of head (then of trailers) so far
+        self._conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
+        # h11 frames an answer by the request it answers (HEAD has no body): tell it.
+        self._conn.send(h11.Request(method=method, target="/", headers=[("Host", "-")]))
+        self._conn.send(h11.EndOfMessage())
         self._status = 0
-        self._headers: dict[bytes, bytes] = {}
+        self._encoding = b""
+        self._interim = 0
         self._body = bytearray()
-        # head | length | chunk-size | chunk-data | chunk-end | trailers | close | done
-        self._state = "head"
-        self._left = 0  # bytes left of the body (length) or of the chunk
         self._done: Response | None = None
 
     def feed(self, data: bytes) -> Response | None:
-        if self._done is not None:
-            return self._done
-        self._buf += data
-        self._run()
+        if self._done is None and data:
+            self._conn.receive_data(data)
+            try:
+                self._run()
+            except HttpError:
+                self._body = bytearray()  # the error's traceback must not keep it alive
+                raise
         return self._done
 
     def end(self) -> Response:
         """The connection ended: the answer, if it is whole."""
-        if self._done is None and self._state == "close":
-            self._finish()
+        if self._done is None:
+            self._conn.receive_data(b"")
+            try:
+                self._run()
+            except HttpError as exc:
+                self._body = bytearray()
+                if not isinstance(exc, _Malformed):
+                    raise
+                part = "answer" if self._status else "answer's head"
+                raise HttpError(
+                    f"the connection ended before the whole {part} ({exc.__cause__})"
+                ) from None
         if self._done is None:
             raise HttpError("the connection ended before the whole answer")
         return self._done
 
-    def _line(self) -> bytes | None:
-        end = self._buf.find(b"\n", self._scan)
-        if end < 0:
-            self._scan = len(self._buf)
-            if self._scan > (MAX_HEAD if self._state in ("head", "trailers") else 1024):
-                raise HttpError(f"a line of the answer's {self._state} is too long")
-            return None
-        if self._state in ("head", "trailers"):  # many short lines must not grow them forever
-            self._head_size += end + 1
-            if self._head_size > MAX_HEAD:
-                raise HttpError(f"the answer's {self._state} is too large")
-        line = bytes(self._buf[:end]).rstrip(b"\r")
-        del self._buf[: end + 1]
-        self._scan = 0
-        return line
+    def _run(self) -> None:
+        import h11
 
-    def _take(self, n: int) -> None:
-        taken = min(n, len(self._buf))
-        self._check(len(self._body) + taken)
-        self._body += self._buf[:taken]
-        del self._buf[:taken]
-        self._left -= taken
+        while self._done is None:
+            try:
+                event = self._conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                if str(exc) == "Receive buffer too long":  # h11's max_incomplete_event_size
+                    raise _Malformed(
+                        f"malformed answer: its head, a chunk line or the trailers pass "
+                        f"{MAX_HEAD} bytes"
+                    ) from exc
+                raise _Malformed(f"malformed answer: {exc}") from exc
+            if event is h11.NEED_DATA or isinstance(event, h11.ConnectionClosed):
+                return
+            if isinstance(event, h11.InformationalResponse):
+                self._interim += 1
+                if self._interim > MAX_INTERIM:
+                    raise HttpError(f"more than {MAX_INTERIM} interim (1xx) answers")
+            elif isinstance(event, h11.Response):
+                self._head(event)
+            elif isinstance(event, h11.Data):
+                self._check(len(self._body) + len(event.data))
+                self._body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                body = _decoded(bytes(self._body), self._encoding, self.max_size)
+                self._done = Response(self._status, body)
+            else:  # PAUSED: only after a whole answer, which ends the loop first
+                raise HttpError(f"unexpected {event!r:.80} in the answer")
+
+    def _head(self, event: h11.Response) -> None:
+        self._status = event.status_code
+        for name, value in event.headers:
+            if name == b"content-encoding":
+                self._encoding = value
+            elif name == b"content-length":  # h11 checked it is one number
+                self._check(int(value))
 
     def _check(self, size: int) -> None:
         if self.max_size is not None and size > self.max_size:
             raise TooLarge(f"more than {self.max_size} bytes")
 
-    def _run(self) -> None:
-        while self._done is None:
-            state = self._state
-            if state == "head":
-                if not self._head():
-                    return
-            elif state == "length":
-                self._take(self._left)
-                if self._left:
-                    return
-                self._finish()
-            elif state == "close":
-                self._take(len(self._buf))
-                return
-            elif state == "chunk-size":
-                line = self._line()
-                if line is None:
-                    return
-                field = line.split(b";", 1)[0].strip()
-                try:
-                    self._left = int(field, 16)
-                except ValueError:
-                    raise HttpError(f"bad chunk size {field[:40]!r}") from None
-                if self._left < 0:
-                    raise HttpError(f"bad chunk size {field[:40]!r}")
-                self._check(len(self._body) + self._left)
-                if self._left:
-                    self._state = "chunk-data"
-                else:
-                    self._state = "trailers"
-                    self._head_size = 0
-            elif state == "chunk-data":
-                self._take(self._left)
-                if self._left:
-                    return
-                self._state = "chunk-end"
-            elif state == "chunk-end":
-                line = self._line()
-                if line is None:
-                    return
-                if line:
-                    raise HttpError("a chunk runs past its size")
-                self._state = "chunk-size"
-            elif state == "trailers":
-                line = self._line()
-                if line is None:
-                    return
-                if not line:
-                    self._finish()
-
-    def _head(self) -> bool:
-        """Read the status line and headers; False until they are all there."""
-        while True:
-            line = self._line()
-            if line is None:
-                return False
-            if not self._status:
-                fields = line.split(None, 2)
-                if len(fields) < 2 or not fields[0].startswith(b"HTTP/") or not fields[1].isdigit():
-                    raise HttpError(f"not an HTTP answer: {line[:80]!r}")
-                self._status = int(fields[1])
-                continue
-            if line:
-                name, sep, value = line.partition(b":")
-                if not sep:
-                    raise HttpError(f"bad header line {line[:80]!r}")
-                self._headers[name.strip().lower()] = value.strip()
-                continue
-            if 100 <= self._status < 200:  # an interim answer: the real one follows
-                self._status = 0
-                self._headers = {}
-                continue
-            break
-        headers = self._headers
-        if self.method == "HEAD" or self._status in (204, 304):
-            self._left = 0
-            self._state = "length"
-        elif headers.get(b"transfer-encoding", b"").lower().endswith(b"chunked"):
-            self._state = "chunk-size"
-        elif (length := headers.get(b"content-length")) is not None:
-            if not length.isdigit():
-                raise HttpError(f"bad Content-Length {length[:40]!r}")
-            self._left = int(length)
-            self._check(self._left)
-            self._state = "length"
-        else:
-            self._state = "close"
-        return True
-
-    def _finish(self) -> None:
-        self._state = "done"
-        body = _decoded(
-            bytes(self._body), self._headers.get(b"content-encoding", b""), self.max_size
-        )
-        self._done = Response(self._status, body)
-
 
 def _decoded(body: bytes, encoding: bytes, max_size: int | None) -> bytes:
     """Undo a Content-Encoding the server chose although asked for none; the cap counts
-    the decoded size too."""
+    the decoded size too, and a stream cut short is an error, not a shorter body."""
     encoding = encoding.strip().lower()
     if encoding in (b"", b"identity"):
         return body
     if encoding not in (b"gzip", b"deflate"):
         raise HttpError(f"unsupported Content-Encoding {encoding[:40]!r}")
+    name = encoding.decode()
     limit = MAX_DECODED if max_size is None else max_size
     try:
         inflate = zlib.decompressobj(wbits=31 if encoding == b"gzip" else 15)
         out = inflate.decompress(body, limit + 1)
     except zlib.error as exc:
-        raise HttpError(f"corrupt {encoding.decode()} body: {exc}") from exc
+        raise HttpError(f"corrupt {name} body: {exc}") from exc
     if len(out) > limit:
         raise TooLarge(f"more than {limit} bytes once decompressed")
+    if not inflate.eof:
+        raise HttpError(f"truncated {name} body: the compressed stream does not end")
+    if inflate.unused_data:
+        raise HttpError(f"corrupt {name} body: bytes after the end of the compressed stream")
     return out
