@@ -21,59 +21,14 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
-from pyspark.sql.types import (
-    BinaryType,
-    IntegerType,
-    LongType,
-    MapType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql.types import StructType
 
-from smartnsq.errors import InvalidArgument
 from smartnsq.message import Message
 from smartnsq.spark.columns import header_pairs, signed, timestamps
 from smartnsq.spark.feed import Feed, Raw, Taken, raw_ids
 from smartnsq.spark.options import Settings
-from smartnsq.spark.source import SCHEMA
 
 _ROWS_PER_BATCH = 10_000
-
-
-def default_schema() -> StructType:
-    """The source's row schema (:data:`SCHEMA`) as a StructType; needs no Spark session."""
-    text = StringType()
-    return StructType(
-        [
-            StructField("value", BinaryType()),
-            StructField("topic", text),
-            StructField("partition", IntegerType()),
-            StructField("offset", LongType()),
-            StructField("timestamp", TimestampType()),
-            StructField("attempts", IntegerType()),
-            StructField("id", text),
-            StructField("trace_id", LongType()),
-            StructField("headers", MapType(text, text)),
-            StructField("nsqd", text),
-        ]
-    )
-
-
-def check_schema(schema: StructType) -> None:
-    """A user-given schema must be a selection of the source's columns, with their types."""
-    ours = {f.name: f.dataType for f in default_schema().fields}
-    for f in schema.fields:
-        if f.name not in ours:
-            raise InvalidArgument(
-                f"the nsq source has no column {f.name!r}; its columns are: {SCHEMA}"
-            )
-        if f.dataType != ours[f.name]:
-            raise InvalidArgument(
-                f"column {f.name!r} of the nsq source is {ours[f.name].simpleString()}, not "
-                f"{f.dataType.simpleString()}: fix the schema or cast after loading"
-            )
 
 
 def to_batch(messages: list[Message], topic: str, schema: StructType) -> pa.RecordBatch:
