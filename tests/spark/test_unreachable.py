@@ -62,6 +62,12 @@ def test_batch_read_and_available_now_from_an_unreachable_nsqd_fail(spark: Any) 
     text = failure(run_available_now)
     assert "NoNsqdAvailable" in text and dead in text
 
+    # a write fails too: every row must be acknowledged
+    df = spark.range(3).selectExpr("CAST(id AS STRING) AS value")
+    writer = df.write.format("nsq").mode("append").option("nsqd", dead).option("topic", "t")
+    text = failure(writer.save)
+    assert dead in text
+
 
 def test_read_through_an_unreachable_lookupd_fails(spark: Any) -> None:
     dead = closed_port()
