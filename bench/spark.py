@@ -219,7 +219,7 @@ def floor_source(n: int, per_trigger: int) -> Any:
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-    from smartnsq.spark.reader import default_schema
+    from smartnsq.spark.schema import default_schema
 
     rows = 10_000
 

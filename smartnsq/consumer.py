@@ -63,6 +63,7 @@ from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import Node
 from smartnsq.message import Message, id_text
+from smartnsq.notice import handler_failed, topic_missing
 from smartnsq.observe.logs import OncePerKind
 from smartnsq.observe.stats import ConsumerStats, consumer_stats
 from smartnsq.offsets import StartPlan
@@ -1301,6 +1302,7 @@ class Consumer:
             exc,
             exc_info=exc,
         )
+        handler_failed(log, f"message {id_text(msg)}, attempt {msg.attempts}", exc)
         if msg._auto and not msg._responded:
             self._requeue(msg, None, True)
 
@@ -1658,6 +1660,8 @@ class Consumer:
                     self._nodes[(node.tcp_address, p)] = node
         else:
             found = {(node.tcp_address, None) for node in layout.producers}
+        if not found and not self._direct:
+            topic_missing(log, self.topic, self.channel, self.lookupd_poll_interval)
         for target in found:
             self._want(target)
         for target in list(self._wanted):

@@ -170,6 +170,13 @@ class Feed:
             self._loop.portal.call(self.held.append, out)
         return out
 
+    def connected(self) -> bool:
+        """Whether some subscription to nsqd is up now."""
+        return self._loop.portal.call(self._connected)
+
+    def _connected(self) -> bool:
+        return any(c.stats().connections for c in self.consumers)
+
     def pause(self) -> None:
         """RDY 0 on every connection. Sent before the last FINs, it keeps nsqd from sending
         more to a reader that is about to close: messages still on their way when the

@@ -2,7 +2,8 @@
 
 ``clusterKind=auto`` (the default) asks lookupd: a topic it reports with partitions is read
 by offsets; anything else (classic lookupd, ``nsqd`` addresses only) by the classic
-consuming reader, unchanged. ``clusterKind=youzan`` / ``classic`` force the choice.
+consuming reader, unchanged. ``clusterKind=youzan`` / ``classic`` force the choice. A classic
+read fails here if no nsqd it would read from can be reached (see :mod:`~smartnsq.spark.reach`).
 
 This module does not import pyspark.
 """
@@ -10,8 +11,9 @@ This module does not import pyspark.
 from __future__ import annotations
 
 from smartnsq.errors import InvalidArgument
+from smartnsq.lookup.model import TopicLayout
 from smartnsq.spark import offsets_plan as plan
-from smartnsq.spark import youzan
+from smartnsq.spark import reach, youzan
 from smartnsq.spark.options import Settings, require_channel
 
 
@@ -19,9 +21,11 @@ def check_kind(settings: Settings) -> bool:
     """True if the topic is read by offsets; every option is checked against that choice."""
     assert settings.topic is not None
     kind = settings.cluster_kind
+    layout: TopicLayout | None = None
+    asked = False
     if kind == "auto":
         if settings.lookupd:
-            layout = youzan.topic_layout(settings.lookupd, settings.topic)
+            layout, asked = reach.lookup(settings), True
             kind = "youzan" if layout is not None and layout.partitioned else "classic"
             why = f"lookupd reports topic {settings.topic!r} without partitions (classic)"
         else:
@@ -36,6 +40,9 @@ def check_kind(settings: Settings) -> bool:
                 f"read through option 'lookupd'; {why}"
             )
         require_channel(settings)
+        if settings.lookupd and not asked:
+            layout = reach.lookup(settings)
+        reach.check_classic(settings, layout)
         return False
     if not settings.lookupd:
         raise InvalidArgument(

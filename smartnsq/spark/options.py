@@ -20,9 +20,7 @@ from smartnsq.connection import parse_address
 from smartnsq.errors import InvalidArgument, InvalidType, NSQError
 from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.protocol.names import validate_channel, validate_topic
-
-if typing.TYPE_CHECKING:
-    from smartnsq.spark.offsets_plan import Spec
+from smartnsq.spark.spec import Spec, parse_spec, parse_time
 
 PASSTHROUGH = "nsq."
 
@@ -347,8 +345,6 @@ def _tuning(values: dict[str, str]) -> dict[str, Any]:
 
 
 def _offsets(values: dict[str, str], topic: str) -> dict[str, Any]:
-    from smartnsq.spark.offsets_plan import parse_spec, parse_time
-
     out: dict[str, Any] = {
         "offset_options": tuple(o for o in OFFSET_OPTIONS if o in values),
     }

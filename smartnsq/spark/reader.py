@@ -21,59 +21,15 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
-from pyspark.sql.types import (
-    BinaryType,
-    IntegerType,
-    LongType,
-    MapType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql.types import StructType
 
-from smartnsq.errors import InvalidArgument
+from smartnsq.errors import NoNsqdAvailable
 from smartnsq.message import Message
 from smartnsq.spark.columns import header_pairs, signed, timestamps
 from smartnsq.spark.feed import Feed, Raw, Taken, raw_ids
 from smartnsq.spark.options import Settings
-from smartnsq.spark.source import SCHEMA
 
 _ROWS_PER_BATCH = 10_000
-
-
-def default_schema() -> StructType:
-    """The source's row schema (:data:`SCHEMA`) as a StructType; needs no Spark session."""
-    text = StringType()
-    return StructType(
-        [
-            StructField("value", BinaryType()),
-            StructField("topic", text),
-            StructField("partition", IntegerType()),
-            StructField("offset", LongType()),
-            StructField("timestamp", TimestampType()),
-            StructField("attempts", IntegerType()),
-            StructField("id", text),
-            StructField("trace_id", LongType()),
-            StructField("headers", MapType(text, text)),
-            StructField("nsqd", text),
-        ]
-    )
-
-
-def check_schema(schema: StructType) -> None:
-    """A user-given schema must be a selection of the source's columns, with their types."""
-    ours = {f.name: f.dataType for f in default_schema().fields}
-    for f in schema.fields:
-        if f.name not in ours:
-            raise InvalidArgument(
-                f"the nsq source has no column {f.name!r}; its columns are: {SCHEMA}"
-            )
-        if f.dataType != ours[f.name]:
-            raise InvalidArgument(
-                f"column {f.name!r} of the nsq source is {ours[f.name].simpleString()}, not "
-                f"{f.dataType.simpleString()}: fix the schema or cast after loading"
-            )
 
 
 def to_batch(messages: list[Message], topic: str, schema: StructType) -> pa.RecordBatch:
@@ -177,6 +133,7 @@ class NsqStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
         self._feed: Feed | None = None
         self._held: list[tuple[int, Taken]] = []  # (end seq, messages), oldest first
         self._available_now = False
+        self._reached = False
 
     def __getstate__(self) -> dict[str, Any]:
         # Spark ships a copy of the reader to its tasks: without the live consumer.
@@ -208,6 +165,9 @@ class NsqStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
         first_wait = settings.idle_timeout if self._available_now else settings.poll_timeout
         taken = feed.take(settings.max_per_trigger, first_wait, settings.poll_timeout)
         if not taken:
+            if self._available_now and not self._reached:
+                check_reached(feed, settings)  # "drained" must not mean "never connected"
+                self._reached = True
             return iter(()), start
         end = seq + len(taken)
         self._held.append((end, taken))
@@ -235,6 +195,18 @@ class NsqStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow)
         if self._feed is not None:
             self._feed.close()
             self._feed = None
+
+
+def check_reached(feed: Feed, settings: Settings) -> None:
+    """A read that got nothing fails if it could not connect to any nsqd it was given,
+    instead of returning no rows as if the channel were empty (this runs where the read
+    runs: an executor may not reach what the driver reached while planning)."""
+    if settings.nsqd and not feed.connected():
+        raise NoNsqdAvailable(
+            f"no connection to any nsqd of option 'nsqd' ({', '.join(settings.nsqd)}) after "
+            f"{settings.idle_timeout:g} s without a message: check the addresses (nsqd's TCP "
+            "port, 4150 by default) and that this Spark process can reach them"
+        )
 
 
 @dataclass
@@ -266,6 +238,8 @@ class NsqBatchReader(DataSourceReader):
                     min(left, _ROWS_PER_BATCH), settings.idle_timeout, settings.idle_timeout
                 )
                 if not taken:
+                    if left == partition.limit:  # nothing at all: is anything there?
+                        check_reached(feed, settings)
                     break
                 left -= len(taken)
                 yield from to_batches(taken, settings.topic, self.schema)

@@ -34,6 +34,7 @@ from pyspark.sql.types import (
 )
 
 from smartnsq.errors import InvalidArgument, InvalidType
+from smartnsq.notice import warn_unheard
 from smartnsq.producer import Producer
 from smartnsq.spark import loop
 from smartnsq.spark.options import Settings
@@ -201,7 +202,6 @@ class _Writer:
         rows = sum(m.rows for m in done)
         size = sum(m.bytes for m in done)
         retried = [m.partition_id for m in done if m.retries > 0]
-        _driver_log()
         log.info(
             "nsq sink: %s published %d messages (%d bytes) to %s in %d tasks",
             what,
@@ -211,23 +211,21 @@ class _Writer:
             len(done),
         )
         if retried:
-            log.warning(
-                "nsq sink: %s: tasks of partitions %s were run again; their rows may have "
-                "been published more than once (delivery is at least once)",
-                what,
-                retried,
+            text = (
+                f"nsq sink: {what}: tasks of partitions {retried} were run again; their rows "
+                "may have been published more than once (delivery is at least once)"
             )
+            log.warning("%s", text)
+            warn_unheard(log, "spark-retried", text)
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], what: str) -> None:
         done = [m for m in messages if isinstance(m, Published)]
-        _driver_log()
-        log.warning(
-            "nsq sink: %s failed; %d messages of %d finished tasks were already published "
-            "(NSQ cannot take them back)",
-            what,
-            sum(m.rows for m in done),
-            len(done),
+        text = (
+            f"nsq sink: {what} failed; {sum(m.rows for m in done)} messages of {len(done)} "
+            "finished tasks were already published (NSQ cannot take them back)"
         )
+        log.warning("%s", text)
+        warn_unheard(log, "spark-abort", text)
 
 
 def _topic(value: str | None) -> str:
@@ -315,16 +313,6 @@ async def _publish_group(producer: Producer, g: _Group, chunk: int) -> None:
             g.topic, g.bodies[i:j], partition=partition, sharding_key=key, trace_ids=trace_ids
         )
         i = j
-
-
-def _driver_log() -> None:
-    # commit/abort run in a Python worker that Spark starts: without a handler of our own,
-    # INFO lines would be dropped.
-    if not log.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
 
 
 class NsqWriter(DataSourceArrowWriter):

@@ -15,15 +15,13 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from smartnsq.spark.schema import SCHEMA, check_schema, default_schema
+
 if TYPE_CHECKING:
     from smartnsq.spark.options import Settings
 
 # Spark imports this module in every process that looks for data sources; the readers and
 # writers (and pyarrow) are imported only when a query uses them.
-SCHEMA = (
-    "value binary, topic string, partition int, offset long, timestamp timestamp, "
-    "attempts int, id string, trace_id long, headers map<string,string>, nsqd string"
-)
 
 
 class NsqDataSource(DataSource):
@@ -41,8 +39,6 @@ class NsqDataSource(DataSource):
         # Spark asks for the schema only when reading (without a user schema): check the
         # read options here too, because an error raised while Spark creates a stream reader
         # reaches the user masked by pyspark's own clean-up.
-        from smartnsq.spark.reader import default_schema
-
         self._read_settings(default_schema())
         return SCHEMA
 
@@ -50,7 +46,6 @@ class NsqDataSource(DataSource):
         from smartnsq.consumer import Consumer
         from smartnsq.spark.kind import check_kind
         from smartnsq.spark.options import parse
-        from smartnsq.spark.reader import check_schema
 
         check_schema(schema)
         settings = parse(self.options, reading=True, client=Consumer)

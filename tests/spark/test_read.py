@@ -110,3 +110,29 @@ def test_batch_read_consumes_up_to_max_messages(spark: Any, classic_cluster: Any
     assert sorted(bytes(r.value) for r in first + rest) == sorted(b"b-%d" % i for i in range(50))
     stats = channel_stats(nsqd.http, topic, channel)
     assert stats is not None and stats["depth"] == 0 and stats["in_flight_count"] == 0
+
+
+def test_each_action_on_a_batch_read_consumes_again_unless_cached(
+    spark: Any, classic_cluster: Any
+) -> None:
+    # What docs/spark.md says about batch reads, checked.
+    nsqd = classic_cluster.nsqd[0]
+    topic, channel = unique("spark_a"), "actions"
+    create_channel(nsqd.http, topic, channel)
+    publish(nsqd.tcp, topic, [b"a-%d" % i for i in range(40)])
+
+    def load() -> Any:
+        reader = spark.read.format("nsq").option("nsqd", nsqd.tcp).option("topic", topic)
+        return reader.option("channel", channel).option("maxMessages", 10).load()
+
+    df = load()
+    first = {bytes(r.value) for r in df.collect()}
+    second = {bytes(r.value) for r in df.collect()}
+    assert len(first) == len(second) == 10 and not first & second  # read twice
+    cached = load().cache()
+    kept = {bytes(r.value) for r in cached.collect()}
+    assert cached.count() == 10  # from the cache: nothing consumed
+    assert {bytes(r.value) for r in cached.collect()} == kept
+    stats = channel_stats(nsqd.http, topic, channel)
+    assert stats is not None and stats["depth"] == 10  # 40 - 3 reads of 10
+    cached.unpersist()

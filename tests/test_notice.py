@@ -1,0 +1,156 @@
+"""Problems are visible in a program that configured no logging (real nsqd and lookupd).
+
+Each case runs a small script in a fresh interpreter, as a user's program would run, and
+looks at what it printed on stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from smartnsq.notice import heard
+from tests.helpers import unique
+
+ROOT = Path(__file__).resolve().parent.parent
+
+HANDLER_FAILS = """
+import logging, sys
+import anyio
+from smartnsq import Consumer, Producer
+
+nsqd, topic, configure = sys.argv[1], sys.argv[2], sys.argv[3] == "yes"
+if configure:
+    logging.basicConfig(level=logging.WARNING)
+
+async def main():
+    done = anyio.Event()
+    calls = 0
+
+    async def handle(m):
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            done.set()
+        m.requeue(time_ms=1000)  # a pynsq habit: TypeError inside the handler
+
+    async with Producer([nsqd]) as p:
+        await p.publish(topic, b"x")
+    async with Consumer(topic, "c", handle, nsqd_tcp_addresses=[nsqd], requeue_delay=0,
+                        backoff=False):
+        with anyio.fail_after(30):
+            await done.wait()
+    print("handled", calls)
+
+anyio.run(main)
+"""
+
+TOPIC_MISSING = """
+import sys, threading, warnings
+import anyio
+from smartnsq import Consumer, Producer
+
+nsqd, lookupd, topic = sys.argv[1], sys.argv[2], sys.argv[3]
+shown = threading.Event()
+show = warnings.showwarning
+
+def showwarning(*args, **kwargs):  # prints as usual, and lets the script go on
+    show(*args, **kwargs)
+    shown.set()
+
+warnings.showwarning = showwarning
+
+async def main():
+    got = anyio.Event()
+
+    async def handle(m):
+        got.set()
+
+    async with Consumer(topic, "c", handle, lookupd_http_addresses=[lookupd],
+                        lookupd_poll_interval=0.5):
+        with anyio.fail_after(30):
+            while not shown.is_set():
+                await anyio.sleep(0.05)
+        # it keeps waiting: once the topic exists, its message arrives
+        async with Producer([nsqd]) as p:
+            await p.publish(topic, b"x")
+        with anyio.fail_after(30):
+            await got.wait()
+    print("received")
+
+anyio.run(main)
+"""
+
+
+def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+@pytest.mark.integration
+def test_a_failing_handler_is_shown_once_without_logging(classic_cluster: Any) -> None:
+    nsqd = classic_cluster.nsqd[0]
+    done = run(HANDLER_FAILS, nsqd.tcp, unique("notice_h"), "no")
+    assert done.returncode == 0, done.stderr
+    assert "handled 3" in done.stdout
+    # three failures, one notice, naming the exception and what to do
+    assert done.stderr.count("UnloggedWarning") == 1, done.stderr
+    assert "TypeError" in done.stderr and "time_ms" in done.stderr
+    assert "logging.basicConfig()" in done.stderr
+
+
+@pytest.mark.integration
+def test_no_notice_when_logging_is_configured(classic_cluster: Any) -> None:
+    nsqd = classic_cluster.nsqd[0]
+    done = run(HANDLER_FAILS, nsqd.tcp, unique("notice_l"), "yes")
+    assert done.returncode == 0, done.stderr
+    assert "UnloggedWarning" not in done.stderr
+    # every failure is in the log, with its traceback
+    assert done.stderr.count("handler failed for message") == 3, done.stderr
+    assert done.stderr.count("TypeError") >= 3
+
+
+@pytest.mark.integration
+def test_a_missing_topic_is_said_once_and_the_consumer_keeps_waiting(
+    classic_cluster: Any,
+) -> None:
+    nsqd, lookupd = classic_cluster.nsqd[0], classic_cluster.lookupd[0]
+    topic = unique("notice_t")
+    done = run(TOPIC_MISSING, nsqd.tcp, lookupd.http, topic)
+    assert done.returncode == 0, done.stderr
+    assert "received" in done.stdout
+    assert done.stderr.count("UnloggedWarning") == 1, done.stderr
+    assert "TOPIC_NOT_FOUND" in done.stderr and topic in done.stderr
+
+
+def test_heard_follows_the_handlers_a_record_would_reach() -> None:
+    parent = logging.getLogger("notice_test")
+    child = logging.getLogger("notice_test.child")
+    parent.propagate = False
+    try:
+        parent.addHandler(logging.NullHandler())
+        assert not heard(child)  # a NullHandler shows nothing
+        handler = logging.StreamHandler()
+        handler.setLevel(logging.ERROR)
+        parent.addHandler(handler)
+        assert not heard(child)  # it would drop a WARNING
+        assert heard(child, logging.ERROR)
+        child.setLevel(logging.CRITICAL)
+        assert heard(child)  # silenced on purpose
+    finally:
+        parent.handlers.clear()
+        parent.propagate = True
+        child.setLevel(logging.NOTSET)
