@@ -114,8 +114,9 @@ class Node(NodeHealth, Generic[C, L]):
         return len(conns), sum(c.pending for c in conns)
 
     def add(self, conn: C) -> None:
-        """A new connection; those no longer usable are dropped on the way."""
-        self.connections = [*(c for c in self.connections if c.usable), conn]
+        """A new connection; closed ones are dropped on the way (the blocking producer
+        learns of some only here). One still closing stays, for close() to wait on."""
+        self.connections = [*(c for c in self.connections if c.close_reason is None), conn]
 
     def drop(self, conn: C) -> bool:
         """Forget ``conn``; whether it was still one of ours."""

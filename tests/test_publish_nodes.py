@@ -46,14 +46,15 @@ def test_a_busy_connection_is_shared_only_once_there_are_enough() -> None:
     assert node_with(busier, busy).reusable(most=2) is busy  # the least loaded
 
 
-def test_connections_that_are_not_usable_are_never_chosen_and_dropped_on_add() -> None:
-    dead = FakeConn(usable=False)
-    node = node_with(dead)
+def test_connections_that_are_not_usable_are_never_chosen_and_closed_ones_dropped() -> None:
+    closing = FakeConn(usable=False, retiring=True)
+    closed = FakeConn(usable=False, close_reason=ConnectionClosed("reset"))
+    node = node_with(closing, closed)
     assert node.reusable(most=1) is None
     fresh = FakeConn()
     node.add(fresh)
-    assert node.connections == [fresh]
-    assert node.load() == (1, 0)
+    assert node.connections == [closing, fresh]  # close() still waits for the closing one
+    assert node.load() == (2, 0)
 
 
 @pytest.mark.parametrize("make", [Producer, blocking.Producer])
