@@ -4,6 +4,7 @@ a publish_many's batches."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import anyio
@@ -95,3 +96,14 @@ def test_a_failed_batch_after_acknowledged_ones_is_a_partial_publish() -> None:
     assert isinstance(err, PartialPublish) and err.published == 2
     assert run.results() is None
     assert producer.stats().failed == 5 + 3
+
+
+@pytest.mark.parametrize("method", ["publish", "publish_many", "close", "stats"])
+def test_both_producers_have_the_same_methods_with_the_same_parameters(method: str) -> None:
+    """The two front doors are one API: a parameter added to one is added to the other."""
+
+    def params(cls: type) -> list[tuple[str, object, object]]:
+        sig = inspect.signature(getattr(cls, method))
+        return [(p.name, p.kind, p.default) for p in sig.parameters.values()]
+
+    assert params(Producer) == params(blocking.Producer)
