@@ -16,24 +16,21 @@ from smartnsq._checks import FORKS, get_ident, owner, wrong_owner
 from smartnsq.connection import Connection
 from smartnsq.errors import (
     ConnectionClosed,
-    InvalidArgument,
     NoNsqdAvailable,
     NSQError,
     NSQTimeout,
-    ProtocolError,
     ServerError,
 )
-from smartnsq.lookup.manager import LookupManager
 from smartnsq.ordered.sharding import ShardingKey
 from smartnsq.protocol.message import PublishResult
 from smartnsq.publishing import (
     DEFAULT_MAX_BODY_SIZE,
     DEFAULT_MAX_MESSAGE_SIZE,
+    BatchRun,
     Build,
-    NodeHealth,
+    Node,
     ProducerCore,
     Request,
-    batch_failed,
     check_server,
     emit_publish,
     mpub_count,
@@ -43,19 +40,7 @@ from smartnsq.publishing import (
 __all__ = ["DEFAULT_MAX_BODY_SIZE", "DEFAULT_MAX_MESSAGE_SIZE", "Producer", "emit_publish"]
 
 
-class _Node(NodeHealth):
-    """One nsqd: its health and its connections."""
-
-    __slots__ = ("connections", "lock")
-
-    def __init__(self, address: str) -> None:
-        super().__init__(address)
-        self.connections: list[Connection] = []
-        self.lock = anyio.Lock()
-
-    def load(self) -> tuple[int, int]:
-        conns = list(self.connections)
-        return len(conns), sum(c.pending for c in conns)
+_Node = Node[Connection, anyio.Lock]
 
 
 class Producer(ProducerCore[_Node]):
@@ -78,104 +63,15 @@ class Producer(ProducerCore[_Node]):
     another thread it raises [`WrongEventLoop`][smartnsq.errors.WrongEventLoop], in a child
     after ``fork()`` [`UsedAfterFork`][smartnsq.errors.UsedAfterFork]. For plain threads use
     [`smartnsq.sync.Producer`][smartnsq.sync.Producer].
-
-    Args:
-        nsqd_tcp_addresses: nsqd TCP addresses (``host:port``) to publish to; publishes take
-            turns over the healthy ones. May be passed positionally.
-        lookupd_http_addresses: nsqlookupd HTTP addresses (``host:port`` or an ``http(s)://``
-            URL). With them, each topic's nsqd (on Youzan, its partitions and their leaders)
-            come from the lookupds; the topic must exist. At least one of
-            ``nsqd_tcp_addresses`` and ``lookupd_http_addresses`` is required.
-        lookupd_poll_interval: How long a topic's lookup answer is reused before the lookupds
-            are asked again (with some jitter), in seconds, default 60.0. Cluster errors
-            (a partition moved, its leader changed) refresh it at once.
-        sharding: How a ``sharding_key`` maps to a Youzan partition: ``"go"`` (default;
-            go-nsq's MurmurHash3 mapping), ``"java"`` (the Java SDK's ``hashCode`` mapping) or
-            a callable ``(key, partition_count) -> partition``.
-        connections_per_nsqd: Most connections opened to one nsqd, an int >= 1, default 1.
-            Requests are pipelined on each; more connections help only when one is
-            saturated.
-        timeout: Seconds a publish may take, retries included, unless the call gives its own
-            ``timeout``; default 10.0. When it runs out,
-            [`NSQTimeout`][smartnsq.errors.NSQTimeout] says the outcome is unknown.
-        max_retries: Retries after a failure that is safe to retry (a broken connection, a
-            retryable server error), an int >= 0, default 3; on another nsqd when there is
-            one.
-        retry_backoff: Wait before the first retry, in seconds, default 0.05; it doubles
-            with each retry (plus up to 50 % at random).
-        max_message_size: Largest message body accepted, in bytes, default 1 MiB (nsqd's
-            ``--max-msg-size`` default); larger bodies raise
-            [`MessageTooLarge`][smartnsq.errors.MessageTooLarge] before anything is sent.
-        max_body_size: Largest MPUB body, in bytes, default 5 MiB (nsqd's
-            ``--max-body-size`` default); ``publish_many`` splits its batch to fit. At least
-            ``max_message_size + 8``.
-        tls: ``True`` for TLS with the system's trusted certificates and host name
-            verification, an ``ssl.SSLContext`` for your own settings (client certificates, a
-            private CA), ``False`` (default) for plain TCP.
-        tls_hostname: Name the server certificate is checked against; default: the host of
-            the nsqd address.
-        snappy: Compress connections with Snappy. Default False.
-        deflate: Compress connections with DEFLATE (not together with ``snappy``). Default
-            False.
-        deflate_level: DEFLATE level, 1 to 9, default 6.
-        auth_secret: Secret sent with AUTH when nsqd requires authentication. Without TLS it
-            is readable on the network: a warning is given once per process (see
-            ``auth_over_plaintext``).
-        heartbeat_interval: How often nsqd sends a heartbeat, in seconds: 1 to 60, or -1 to
-            disable; default 30.0. A connection silent for two intervals (plus 10 %) is
-            closed and its nsqd avoided for a while.
-        connect_timeout: Seconds allowed for the TCP connection to an nsqd, default 5.0.
-        client_id: Client id reported to nsqd (shown in its stats); default: the short host
-            name.
-        identify: Extra fields for the IDENTIFY command (a dict of JSON values), sent as
-            they are. Default None.
-        max_delay: Longest ``delay`` [`publish`][smartnsq.Producer.publish] accepts, in
-            seconds, default 3600.0 (classic nsqd's default ``--max-req-timeout``); raise it
-            when your nsqd allows more.
-        auth_over_plaintext: ``False`` refuses to send ``auth_secret`` to an nsqd that asks
-            for it over an unencrypted connection: the connection fails with
-            [`InsecureAuth`][smartnsq.errors.InsecureAuth]. Default True.
-        compress_topics: Youzan ext topics whose bodies the producer compresses itself, as
-            go-nsq's ``TopicsForCompress`` does: a body of at least ``compress_min_size``
-            bytes is sent compressed with PUB_EXT (MPUB_EXT) and the ext headers
-            ``nsq.client.compress`` and ``nsq.msg.size``, which go-nsq and smartnsq
-            consumers decompress. The topics must be ext topics. Default: none.
-        compress_codec: ``"snappy"`` (default), ``"gzip"`` or ``"lz4"`` (needs
-            ``pip install 'smartnsq[lz4]'``; a body that lz4 cannot shrink is sent as it is).
-        compress_min_size: smallest body, in bytes, that is compressed (go-nsq's
-            ``MessageSizeForCompress``, default 20480).
-        busy_poll: Longest time, in seconds, a publish alone in flight on its connection
-            keeps the event loop polling for nsqd's answer before the loop may sleep;
-            default 0.0005, 0 turns it off. On a virtual machine an idle loop can take
-            longer to wake than a local nsqd takes to answer, so this can cut a
-            sequential publish's round trip by a third or more. It polls for about twice
-            the answer times seen so far (giving the CPU away between polls once it has
-            polled for 0.1 ms), and not at all while they are longer than ``busy_poll``
-            (a remote or busy nsqd). Concurrent publishes never poll; nor does a Producer
-            on trio.
-
-    Raises:
-        InvalidArgument: A value is out of range, or neither ``nsqd_tcp_addresses`` nor
-            ``lookupd_http_addresses`` was given.
-        InvalidType: A value has the wrong type.
-
-    Attributes:
-        trace: Run-time trace switch ([`TraceSwitch`][smartnsq.trace.TraceSwitch]): while
-            tracing is on for a topic, every publish to it is traced (a trace id is generated
-            when none is given) and written as a ``publish`` trace record.
     """
 
     def _setup(self) -> None:
-        self._lookup = (
-            LookupManager(self._lookupds, cache_ttl=self._poll_interval) if self._lookupds else None
-        )
         self._thread: int | None = None  # owner thread and fork generation, set on entry
         self._forks = FORKS[0]
         self._tg: anyio.abc.TaskGroup | None = None
-        self._closed = False
 
     def _new_node(self, address: str) -> _Node:
-        return _Node(address)
+        return Node(address, anyio.Lock())
 
     def _now(self) -> float:
         return anyio.current_time()
@@ -370,12 +266,11 @@ class Producer(ProducerCore[_Node]):
                 raise
             return None
         assert not isinstance(plan, bytes)
-        results: list[PublishResult] = []
-        done = 0
+        run = BatchRun(self, topic, plan)
         for request in plan.requests:
             try:
                 if plan.routed:
-                    answer, address, part = await self._send_routed(
+                    sent = await self._send_routed(
                         topic,
                         request.build,
                         partition,
@@ -384,16 +279,12 @@ class Producer(ProducerCore[_Node]):
                         count=request.count,
                         ext=request.ext,
                     )
-                    result = self._result(topic, request, answer, address, part)
-                    if result is not None:
-                        results.append(result)
-                else:
-                    await self._send(request.build(None), timeout, request.count)
+                else:  # plain batches: no route, no answer to read
+                    sent = await self._send(request.build(None), timeout, request.count), "", None
             except NSQError as exc:
-                self._failed += plan.total - done
-                raise batch_failed(exc, done, plan.total)  # noqa: B904 - it sets the cause
-            done += request.count
-        return results if plan.traced else None
+                raise run.failed(exc)  # noqa: B904 - it sets the cause
+            run.answered(request, *sent)
+        return run.results()
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -416,10 +307,7 @@ class Producer(ProducerCore[_Node]):
                 self._check_retryable(exc, conn)
                 self._retried += 1  # by the slow path below
             else:
-                node.requests += 1
-                node.published += count
-                if node.failures:
-                    node.mark_up()
+                node.answered(count)
                 return answer
         answer, _, _ = await self._send_routed(
             None, lambda p: data, None, None, timeout, count=count
@@ -427,13 +315,7 @@ class Producer(ProducerCore[_Node]):
         return answer
 
     def _ready_connection(self) -> Connection | None:
-        if len(self._direct) == 1:
-            conns = self._direct[0].connections
-            if conns and len(conns) >= self._per_node:
-                best = min(conns, key=_pending) if len(conns) > 1 else conns[0]
-                if best.usable:
-                    return best
-        return None
+        return self._direct[0].reusable(self._per_node) if len(self._direct) == 1 else None
 
     def _check_retryable(self, exc: Exception, conn: Connection | None) -> None:
         if self._retry_action(exc) and conn is not None and self._tg is not None:
@@ -464,21 +346,15 @@ class Producer(ProducerCore[_Node]):
             try:
                 route = address, part = self._pick(topic, partition, key, layout)
                 node = self._by_address.get(address)
-                conns = node.connections if node is not None else ()
-                conn = min(conns, key=_pending) if conns else None
+                conn = node.reusable(self._per_node) if node is not None else None
                 if (
                     node is not None
                     and conn is not None
-                    and conn.usable
-                    and (conn.pending == 0 or len(conns) >= self._per_node)
                     and (part is None or layout.partitioned)  # else refused below
                     and (not ext or conn.features.youzan)
                 ):
                     answer = await conn.request(build(part), publish=True, timeout=limit)
-                    node.requests += 1
-                    node.published += count
-                    if node.failures:
-                        node.mark_up()
+                    node.answered(count)
                     return answer, address, part
             except NSQTimeout:
                 if node is not None and conn is not None:
@@ -543,10 +419,7 @@ class Producer(ProducerCore[_Node]):
                 except (ConnectionClosed, ServerError):
                     node.errors += 1
                     raise
-                node.requests += 1
-                node.published += count
-                if node.failures:
-                    node.mark_up()
+                node.answered(count)
                 return answer, conn.address, part
             except (ConnectionClosed, NoNsqdAvailable, ServerError) as exc:
                 self._check_retryable(exc, conn)
@@ -575,43 +448,25 @@ class Producer(ProducerCore[_Node]):
         raise NoNsqdAvailable(f"no nsqd reachable; last error: {last}") from last
 
     async def _node_connection(self, node: _Node) -> Connection:
-        conns = [c for c in node.connections if c.usable]
-        if conns:
-            best = min(conns, key=_pending)
-            if best.pending == 0 or len(conns) >= self._per_node:
-                return best
+        conn = node.reusable(self._per_node)
+        if conn is not None:
+            return conn
         async with node.lock:
-            conns = [c for c in node.connections if c.usable]
-            if len(conns) >= self._per_node:
-                return min(conns, key=_pending)
-            try:
+            conn = node.reusable(self._per_node)
+            if conn is not None:
+                return conn
+            with self._opening(node):
                 conn = await Connection.open(node.address, self._config)
-            except (ConnectionClosed, ProtocolError, InvalidArgument, ServerError) as exc:
-                failure = self._open_failed(node, exc)
-                if failure is exc:
-                    raise
-                raise failure from exc
             # Not marked up yet: only an answered request shows the node works.
             self._connected(node)
             conn.on_close = lambda c: self._forget(node, c)
-            node.connections.append(conn)
+            node.add(conn)
             assert self._tg is not None
             self._tg.start_soon(conn.run)
             return conn
 
-    def _forget(self, node: _Node, conn: Connection) -> None:
-        if conn in node.connections:
-            node.connections.remove(conn)
-        if not self._closed and not conn.retiring:  # lost, not closed by us
-            node.mark_down(self._now(), f"connection lost: {conn.close_reason}")
-
     def _suspect(self, node: _Node, conn: Connection) -> None:
         """A request timed out: send nothing more through ``conn``, and avoid its nsqd."""
-        node.errors += 1
-        node.mark_down(self._now(), "did not answer a publish in time")
+        self._timed_out(node)
         if not conn.retiring and self._tg is not None:
             self._tg.start_soon(conn.close, self.timeout)
-
-
-def _pending(conn: Connection) -> int:
-    return conn.pending

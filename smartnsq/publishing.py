@@ -1,9 +1,11 @@
 """What the async and the blocking producers share, sans-IO.
 
-:class:`ProducerCore` holds the settings (checked once), the health of every nsqd, and the
-policies: how a call becomes requests (:meth:`ProducerCore._plan_publish`,
-:meth:`ProducerCore._plan_many`), where a request goes (:meth:`ProducerCore._pick`, nsqd
-that failed are avoided), and what an error means for a retry
+:class:`ProducerCore` holds the settings (checked once and documented once, in its
+``__init__``), the health of every nsqd and its connections (:class:`Node`), and the
+policies: how a call becomes requests (planned by :class:`~smartnsq.publish_plan.PublishPlanner`),
+where a request goes (:meth:`ProducerCore._pick`, nsqd that failed are avoided), which
+connection takes it (:meth:`ProducerCore._reusable`), what an answer, a lost connection or
+a timeout means for a node, and what an error means for a retry
 (:meth:`ProducerCore._retry_action`). It does no I/O and reads no clock itself: the front
 doors (:class:`smartnsq.Producer`, :class:`smartnsq.sync.Producer`) send, wait and retry.
 """
@@ -13,17 +15,14 @@ from __future__ import annotations
 import logging
 import random
 import ssl
-import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Generic, Literal, TypeVar
 
 from smartnsq._checks import (
     DEFAULT_MAX_DELAY,
     DELAY_LIMIT,
     check_addresses,
-    check_delay,
     check_identify,
     check_number,
     check_timeout,
@@ -34,140 +33,61 @@ from smartnsq.errors import (
     ConnectionClosed,
     InvalidArgument,
     InvalidType,
-    MessageTooLarge,
     NoNsqdAvailable,
     NotSupported,
     NSQError,
     NSQTimeout,
     PartialPublish,
+    ProtocolError,
     Retry,
     ServerError,
 )
 from smartnsq.lookup.client import check_lookupd_addresses
+from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import TopicLayout
 from smartnsq.observe.stats import ProducerNodeStats, ProducerStats
-from smartnsq.ordered.sharding import Sharder, ShardingKey, key_bytes, sharder_for
-from smartnsq.protocol import commands
-from smartnsq.protocol.compress import (
-    COMPRESS_KEY,
-    DEFAULT_MIN_SIZE,
-    SIZE_KEY,
-    check_codec,
-    compress_body,
-)
+from smartnsq.ordered.sharding import Sharder, ShardingKey, sharder_for
+from smartnsq.protocol.compress import DEFAULT_MIN_SIZE, check_codec
 from smartnsq.protocol.handshake import ConnectionConfig, Features, parse_address
-from smartnsq.protocol.message import PublishResult, decode_publish_response
+from smartnsq.protocol.message import PublishResult
 from smartnsq.protocol.names import validate_topic
-from smartnsq.protocol.tags import TAG_KEY, check_tag
-from smartnsq.trace import TraceSwitch, emit
+from smartnsq.publish_nodes import Conn, Node, NodeHealth
+from smartnsq.publish_plan import (
+    Batches,
+    Build,
+    PublishPlanner,
+    Request,
+    emit_publish,
+    mpub_count,
+)
+from smartnsq.trace import TraceSwitch
+
+__all__ = [
+    "DEFAULT_MAX_BODY_SIZE",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "BatchRun",
+    "Batches",
+    "Build",
+    "Node",
+    "NodeHealth",
+    "ProducerCore",
+    "Request",
+    "batch_failed",
+    "check_server",
+    "emit_publish",
+    "mpub_count",
+    "timeout_error",
+]
 
 log = logging.getLogger("smartnsq.producer")
 
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024  # nsqd --max-msg-size default
 DEFAULT_MAX_BODY_SIZE = 5 * 1024 * 1024  # nsqd --max-body-size default
-_MAX_DOWN = 30.0  # longest we avoid an nsqd that failed us
-_PROBE_HOLD = 5.0  # while one request tries a recovering nsqd, the others go elsewhere
-_pack_u32 = struct.Struct(">I").pack
-
-Build = Callable[[int | None], bytes]
-
-
-def check_body(body: object) -> bytes:
-    """``body`` as bytes: any bytes-like object (bytearray, memoryview, ...) gives its bytes."""
-    if type(body) is not bytes:
-        if isinstance(body, str):
-            raise InvalidType("message body must be bytes, not str: encode it first")
-        try:
-            body = memoryview(body).tobytes()  # type: ignore[arg-type]
-        except TypeError:
-            raise InvalidType(f"message body must be bytes, not {type(body).__name__}") from None
-    if not body:
-        raise InvalidArgument("message body must not be empty (nsqd rejects empty messages)")
-    return body
-
-
-def sizes(lens: list[int]) -> tuple[int | None, int, int, int]:
-    """(the size every body has, or None; shortest; longest; total) of non-empty ``lens``."""
-    size = lens[0]
-    if lens.count(size) == len(lens):  # same-size bodies (common in bulk): no more passes
-        return size, size, size, size * len(lens)
-    return None, min(lens), max(lens), sum(lens)
-
-
-def new_trace_id() -> int:
-    return random.getrandbits(63) or 1
-
-
-def check_trace_id(trace_id: object) -> None:
-    if not isinstance(trace_id, int) or isinstance(trace_id, bool) or not 0 <= trace_id < 2**64:
-        raise InvalidArgument(f"trace_id must be an int in [0, 2**64), not {trace_id!r}")
-
-
-def mpub_count(topic: str, data: bytes) -> int:
-    """How many messages an MPUB for ``topic`` carries (its header says)."""
-    start = 10 + len(topic)  # "MPUB " + topic + "\n" + body size
-    return int.from_bytes(data[start : start + 4])
-
-
-def _spans(sizes: list[int], max_body_size: int) -> list[tuple[int, int]]:
-    """Split messages of these encoded ``sizes`` into batches whose MPUB body (a 4-byte
-    count, then the messages) fits ``max_body_size``; (start, end) of each."""
-    spans = []
-    start, size = 0, 4
-    for i, n in enumerate(sizes):
-        if i > start and size + n > max_body_size:
-            spans.append((start, i))
-            start, size = i, 4
-        size += n
-    spans.append((start, len(sizes)))
-    return spans
-
-
-def _ext_headers(
-    headers: Mapping[str, Any] | None,
-    tag: str | None,
-    packed: tuple[bytes, dict[str, str]] | None,
-) -> dict[str, Any]:
-    """The ext header of one message: the caller's, its tag, its compression."""
-    if headers is None:
-        ext: dict[str, Any] = {}
-    elif not isinstance(headers, Mapping):
-        raise InvalidType("headers must be a mapping of JSON-serialisable values")
-    else:
-        ext = dict(headers)
-        if COMPRESS_KEY in ext or SIZE_KEY in ext:
-            # A consumed message's body is already decompressed: forwarding these with it
-            # would make every consumer fail to decompress it.
-            raise InvalidArgument(
-                f"headers must not contain {COMPRESS_KEY!r} or {SIZE_KEY!r}: the producer "
-                "sets them when it compresses (compress_topics=...); drop them"
-            )
-    if tag is not None:
-        ext[TAG_KEY] = tag
-    if packed is not None:
-        ext.update(packed[1])
-    return ext
 
 
 def timeout_error(limit: float) -> NSQTimeout:
     return NSQTimeout(
         f"publish not acknowledged within {limit}s; it may or may not have been published"
-    )
-
-
-def emit_publish(
-    topic: str, partition: int | None, address: str, result: PublishResult, count: int = 1
-) -> None:
-    emit(
-        "publish",
-        topic=topic,
-        partition=result.partition if partition is None else partition,
-        nsqd=address,
-        internal_id=result.internal_id,
-        trace_id=result.trace_id,
-        offset=result.offset,
-        size=result.size,
-        count=count,
     )
 
 
@@ -191,88 +111,14 @@ def check_server(
         )
 
 
-class NodeHealth:
-    """One nsqd's health and counters.
-
-    A node that failed (could not be reached, answered garbage, let a request time out) is
-    avoided for a growing while; then one request at a time may try it until one succeeds.
-    Each outage is logged once: WARNING when it starts, DEBUG while it lasts, INFO when the
-    node answers again.
-    """
-
-    __slots__ = ("address", "down_until", "errors", "failures", "published", "requests")
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.failures = 0
-        self.down_until = 0.0
-        # Counted inline by the front doors (no call per request); read by stats().
-        self.published = 0
-        self.requests = 0
-        self.errors = 0
-
-    def mark_down(self, now: float, reason: str) -> None:
-        self.failures += 1
-        delay = min(_MAX_DOWN, 0.1 * 2 ** min(self.failures, 10))
-        self.down_until = now + delay * random.uniform(0.5, 1.0)
-        if self.failures == 1:
-            log.warning(
-                "nsqd %s: %s; avoiding it for now (logged once until it recovers)",
-                self.address,
-                reason,
-            )
-        else:
-            log.debug("nsqd %s: %s (failure %d in a row)", self.address, reason, self.failures)
-
-    def mark_up(self) -> None:
-        if self.failures:
-            log.info("nsqd %s answers again after %d failures", self.address, self.failures)
-        self.failures = 0
-        self.down_until = 0.0
-
-    def claim(self, now: float) -> bool:
-        """Whether a request may go here now; a recovering node takes one at a time."""
-        if not self.failures:
-            return True
-        if now < self.down_until:
-            return False
-        self.down_until = now + _PROBE_HOLD
-        return True
-
-    def load(self) -> tuple[int, int]:
-        """(open connections, requests awaiting an answer); the front doors' nodes know."""
-        return 0, 0
+N = TypeVar("N", bound=Node[Any, Any])
 
 
-N = TypeVar("N", bound=NodeHealth)
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One command of a publish call: built per partition once the route is known."""
-
-    build: Build
-    deferred: bool = False
-    traced: bool = False  # the answer carries a PublishResult
-    count: int = 1  # messages in it
-    ext: bool = False  # PUB_EXT / MPUB_EXT: Youzan only
-
-
-@dataclass(frozen=True, slots=True)
-class Batches:
-    """A publish_many call as requests, in order; ``routed`` when they need a route."""
-
-    requests: list[Request]
-    total: int
-    routed: bool
-    traced: bool  # MPUB_TRACE: one PublishResult per batch
-
-
-class ProducerCore(Generic[N]):
+class ProducerCore(PublishPlanner, Generic[N]):
     """Settings, routing and node health of a producer; see the module docstring.
 
-    Subclasses provide :meth:`_new_node` (their node type, which adds connections),
-    :meth:`_now` (their clock) and :meth:`_setup` (their own state).
+    Subclasses provide :meth:`_new_node` (their node, with their connection and lock
+    types), :meth:`_now` (their clock) and :meth:`_setup` (their own state).
     """
 
     def __init__(
@@ -305,6 +151,95 @@ class ProducerCore(Generic[N]):
         compress_min_size: int = DEFAULT_MIN_SIZE,
         busy_poll: float = BUSY_POLL_LIMIT,
     ) -> None:
+        """Both producers, [`smartnsq.Producer`][smartnsq.Producer] and
+        [`smartnsq.sync.Producer`][smartnsq.sync.Producer], take these settings.
+
+        Args:
+            nsqd_tcp_addresses: nsqd TCP addresses (``host:port``) to publish to; publishes take
+                turns over the healthy ones. May be passed positionally.
+            lookupd_http_addresses: nsqlookupd HTTP addresses (``host:port`` or an ``http(s)://``
+                URL). With them, each topic's nsqd (on Youzan, its partitions and their leaders)
+                come from the lookupds; the topic must exist. At least one of
+                ``nsqd_tcp_addresses`` and ``lookupd_http_addresses`` is required.
+            lookupd_poll_interval: How long a topic's lookup answer is reused before the lookupds
+                are asked again (with some jitter), in seconds, default 60.0. Cluster errors
+                (a partition moved, its leader changed) refresh it at once.
+            sharding: How a ``sharding_key`` maps to a Youzan partition: ``"go"`` (default;
+                go-nsq's MurmurHash3 mapping), ``"java"`` (the Java SDK's ``hashCode`` mapping) or
+                a callable ``(key, partition_count) -> partition``.
+            connections_per_nsqd: Most connections opened to one nsqd, an int >= 1, default 1.
+                Requests are pipelined on each; more connections help only when one is
+                saturated.
+            timeout: Seconds a publish may take, retries included, unless the call gives its own
+                ``timeout``; default 10.0. When it runs out,
+                [`NSQTimeout`][smartnsq.errors.NSQTimeout] says the outcome is unknown.
+            max_retries: Retries after a failure that is safe to retry (a broken connection, a
+                retryable server error), an int >= 0, default 3; on another nsqd when there is
+                one.
+            retry_backoff: Wait before the first retry, in seconds, default 0.05; it doubles
+                with each retry (plus up to 50 % at random).
+            max_message_size: Largest message body accepted, in bytes, default 1 MiB (nsqd's
+                ``--max-msg-size`` default); larger bodies raise
+                [`MessageTooLarge`][smartnsq.errors.MessageTooLarge] before anything is sent.
+            max_body_size: Largest MPUB body, in bytes, default 5 MiB (nsqd's
+                ``--max-body-size`` default); ``publish_many`` splits its batch to fit. At least
+                ``max_message_size + 8``.
+            tls: ``True`` for TLS with the system's trusted certificates and host name
+                verification, an ``ssl.SSLContext`` for your own settings (client certificates, a
+                private CA), ``False`` (default) for plain TCP.
+            tls_hostname: Name the server certificate is checked against; default: the host of
+                the nsqd address.
+            snappy: Compress connections with Snappy. Default False.
+            deflate: Compress connections with DEFLATE (not together with ``snappy``). Default
+                False.
+            deflate_level: DEFLATE level, 1 to 9, default 6.
+            auth_secret: Secret sent with AUTH when nsqd requires authentication. Without TLS it
+                is readable on the network: a warning is given once per process (see
+                ``auth_over_plaintext``).
+            heartbeat_interval: How often nsqd sends a heartbeat, in seconds: 1 to 60, or -1 to
+                disable; default 30.0. A connection silent for two intervals (plus 10 %) is
+                closed and its nsqd avoided for a while.
+            connect_timeout: Seconds allowed for the TCP connection to an nsqd, default 5.0.
+            client_id: Client id reported to nsqd (shown in its stats); default: the short host
+                name.
+            identify: Extra fields for the IDENTIFY command (a dict of JSON values), sent as
+                they are. Default None.
+            max_delay: Longest ``delay`` ``publish`` accepts, in
+                seconds, default 3600.0 (classic nsqd's default ``--max-req-timeout``); raise it
+                when your nsqd allows more.
+            auth_over_plaintext: ``False`` refuses to send ``auth_secret`` to an nsqd that asks
+                for it over an unencrypted connection: the connection fails with
+                [`InsecureAuth`][smartnsq.errors.InsecureAuth]. Default True.
+            compress_topics: Youzan ext topics whose bodies the producer compresses itself, as
+                go-nsq's ``TopicsForCompress`` does: a body of at least ``compress_min_size``
+                bytes is sent compressed with PUB_EXT (MPUB_EXT) and the ext headers
+                ``nsq.client.compress`` and ``nsq.msg.size``, which go-nsq and smartnsq
+                consumers decompress. The topics must be ext topics. Default: none.
+            compress_codec: ``"snappy"`` (default), ``"gzip"`` or ``"lz4"`` (needs
+                ``pip install 'smartnsq[lz4]'``; a body that lz4 cannot shrink is sent as it is).
+            compress_min_size: smallest body, in bytes, that is compressed (go-nsq's
+                ``MessageSizeForCompress``, default 20480).
+            busy_poll: Longest time, in seconds, a publish alone in flight on its connection
+                keeps polling for nsqd's answer before the event loop (the blocking Producer:
+                the thread) may sleep; default 0.0005, 0 turns it off. On a virtual machine an
+                idle loop can take longer to wake than a local nsqd takes to answer, so this can
+                cut a sequential publish's round trip by a third or more. It polls for about
+                twice the answer times seen so far (giving the CPU away between polls once it
+                has polled for 0.1 ms), and not at all while they are longer than ``busy_poll``
+                (a remote or busy nsqd). Concurrent publishes never poll; nor does a Producer
+                on trio.
+
+        Raises:
+            InvalidArgument: A value is out of range, or neither ``nsqd_tcp_addresses`` nor
+                ``lookupd_http_addresses`` was given.
+            InvalidType: A value has the wrong type.
+
+
+        Attributes:
+            trace: Run-time trace switch ([`TraceSwitch`][smartnsq.trace.TraceSwitch]):
+                while tracing is on for a topic, every publish to it is traced (a trace id is
+                generated when none is given) and written as a ``publish`` trace record.
+        """
         nsqd_tcp_addresses = check_addresses("nsqd_tcp_addresses", nsqd_tcp_addresses)
         lookupds = check_lookupd_addresses(
             check_addresses("lookupd_http_addresses", lookupd_http_addresses)
@@ -368,6 +303,10 @@ class ProducerCore(Generic[N]):
         self._pub_lines: dict[str, bytes] = {}
         self._failed = 0  # messages of calls that raised
         self._retried = 0  # requests sent again
+        self._closed = False  # close() was called
+        self._lookup = (
+            LookupManager(lookupds, cache_ttl=lookupd_poll_interval) if lookupds else None
+        )
         self._setup()
 
     def _setup(self) -> None:
@@ -406,278 +345,6 @@ class ProducerCore(Generic[N]):
 
     def _now(self) -> float:
         raise NotImplementedError
-
-    # -- planning --------------------------------------------------------------------------------
-
-    def _check_topic(self, topic: str) -> None:
-        if type(topic) is not str or topic not in self._topics:
-            self._topics.add(validate_topic(topic))
-
-    def _plain_pub(self, topic: str, body: bytes) -> bytes:
-        """The PUB command, with the topic's command line built once."""
-        line = self._pub_lines.get(topic)
-        if line is None:
-            line = self._pub_lines[topic] = b"PUB %s\n" % topic.encode()
-        return b"".join((line, _pack_u32(len(body)), body))
-
-    def _plan_publish(
-        self,
-        topic: str,
-        body: bytes,
-        delay: float | None,
-        partition: int | None,
-        sharding_key: ShardingKey | None,
-        trace_id: int | None,
-        headers: Mapping[str, Any] | None,
-        timeout: float | None,
-        tag: str | None = None,
-    ) -> Request | bytes:
-        """Check one publish; bytes to send as they are (no routing needed), or a request."""
-        self._check_topic(topic)
-        if timeout is not None:
-            check_timeout("timeout", timeout)
-        body = check_body(body)
-        packed = None
-        if self._compress_topics and delay is None:
-            packed = self._compress(topic, body)
-        size = len(body) if packed is None else len(packed[0])
-        if size > self.max_message_size:
-            raise MessageTooLarge(
-                f"message of {size} bytes exceeds max_message_size "
-                f"({self.max_message_size}); nsqd would reject it"
-            )
-        if (
-            delay is None
-            and partition is None
-            and sharding_key is None
-            and trace_id is None
-            and headers is None
-            and tag is None
-            and packed is None
-            and not self._lookupds
-            and not (self.trace.active and self.trace.enabled(topic))
-        ):
-            return self._plain_pub(topic, body)
-        self._check_routing(partition, sharding_key)
-        if tag is not None:
-            check_tag("tag", tag)
-        if delay is not None:
-            check_delay(delay, self.max_delay)
-            if trace_id is not None or headers is not None or tag is not None:
-                raise InvalidArgument("delay cannot be combined with trace_id, headers or tag")
-            delay_ms = round(delay * 1000)
-            return Request(lambda p: commands.dpub(topic, delay_ms, body), deferred=True)
-        if trace_id is None and self.trace.enabled(topic):
-            trace_id = new_trace_id()
-        if trace_id is not None:
-            check_trace_id(trace_id)
-        if headers is not None or tag is not None or packed is not None:
-            ext = _ext_headers(headers, tag, packed)
-            if packed is not None:
-                body = packed[0]
-            if trace_id is not None:
-                ext["##trace_id"] = str(trace_id)
-            return Request(lambda p: commands.pub_ext(topic, body, ext, p), traced=True, ext=True)
-        if trace_id is not None:
-            tid = trace_id
-            return Request(lambda p: commands.pub_trace(topic, body, tid, p), traced=True)
-        return Request(lambda p: commands.pub(topic, body, p), traced=True)
-
-    def _compress(self, topic: str, body: bytes) -> tuple[bytes, dict[str, str]] | None:
-        """The compressed body and its headers, when the topic and the size call for it."""
-        if len(body) < self.compress_min_size or topic not in self._compress_topics:
-            return None
-        return compress_body(self.compress_codec, body)
-
-    def _plan_many(
-        self,
-        topic: str,
-        bodies: Iterable[bytes],
-        partition: int | None,
-        sharding_key: ShardingKey | None,
-        trace_ids: Sequence[int] | None,
-        timeout: float | None,
-        tags: Sequence[str | None] | None = None,
-    ) -> Batches | bytes:
-        """Check a publish_many; one MPUB to send as it is, or the batches."""
-        self._check_topic(topic)
-        if timeout is not None:
-            check_timeout("timeout", timeout)
-        if isinstance(bodies, bytes | bytearray | str):
-            raise InvalidType("publish_many takes a list of message bodies, not a single body")
-        if type(bodies) is not list and not isinstance(bodies, Iterable):
-            raise InvalidType(
-                f"publish_many takes a list of message bodies, not {type(bodies).__name__}"
-            )
-        checked = bodies if type(bodies) is list else list(bodies)
-        if not checked:
-            raise InvalidArgument("publish_many needs at least one message")
-        if (
-            trace_ids is None
-            and tags is None
-            and partition is None
-            and sharding_key is None
-            and not self._lookupds
-            and not (self._compress_topics and topic in self._compress_topics)
-            and not self.trace.enabled(topic)
-        ):
-            data = self._mpub_fast(topic, checked)
-            if data is not None:
-                return data
-        if set(map(type, checked)) != {bytes}:
-            checked = [check_body(b) for b in checked]
-        lens = list(map(len, checked))
-        same, shortest, longest, total = sizes(lens)
-        if shortest == 0:
-            raise InvalidArgument("message bodies must not be empty (nsqd rejects them)")
-        if tags is not None or topic in self._compress_topics:
-            ext = self._plan_many_ext(topic, checked, tags, trace_ids, partition, sharding_key)
-            if ext is not None:
-                return ext
-        limit = self.max_message_size
-        if longest > limit:
-            raise MessageTooLarge(
-                f"message of {longest} bytes exceeds max_message_size ({limit}); nothing was sent"
-            )
-        if trace_ids is None and self.trace.enabled(topic):
-            trace_ids = [new_trace_id() for _ in checked]
-        if trace_ids is not None:
-            if not isinstance(trace_ids, Iterable):
-                raise InvalidType(f"trace_ids must be a list of ints, not {trace_ids!r}")
-            trace_ids = list(trace_ids)
-            if len(trace_ids) != len(checked):
-                raise InvalidArgument(
-                    f"got {len(checked)} messages but {len(trace_ids)} trace ids; "
-                    "give one per message"
-                )
-            for t in trace_ids:
-                check_trace_id(t)
-        overhead = 12 if trace_ids is not None else 4
-        if 4 + overhead * len(lens) + total <= self.max_body_size:
-            spans = [(0, len(lens))]
-        else:
-            spans = _spans([overhead + n for n in lens], self.max_body_size)
-        routed = trace_ids is not None or partition is not None or sharding_key is not None
-        if routed:
-            self._check_routing(partition, sharding_key)
-        routed = routed or bool(self._lookupds)
-        requests = []
-        for start, end in spans:
-            batch = checked[start:end]
-            if trace_ids is None:
-                requests.append(
-                    Request(partial(commands.mpub, topic, batch, size=same), count=len(batch))
-                )
-            else:
-                build = partial(commands.mpub_trace, topic, batch, trace_ids[start:end])
-                requests.append(Request(build, traced=True, count=len(batch)))
-        return Batches(requests, len(checked), routed, trace_ids is not None)
-
-    def _plan_many_ext(
-        self,
-        topic: str,
-        bodies: list[bytes],
-        tags: Sequence[str | None] | None,
-        trace_ids: Sequence[int] | None,
-        partition: int | None,
-        sharding_key: ShardingKey | None,
-    ) -> Batches | None:
-        """MPUB_EXT batches for tagged or compressed messages; None when neither applies."""
-        if tags is not None:
-            if isinstance(tags, str) or not isinstance(tags, Iterable):
-                raise InvalidType("tags must be a list with one tag (or None) per message")
-            tags = list(tags)
-            if len(tags) != len(bodies):
-                raise InvalidArgument(
-                    f"got {len(bodies)} messages but {len(tags)} tags; give one per message "
-                    "(None for an untagged one)"
-                )
-            for t in tags:
-                if t is not None:
-                    check_tag("tags", t)
-        packs: list[tuple[bytes, dict[str, str]] | None] = [None] * len(bodies)
-        if topic in self._compress_topics:
-            packs = [self._compress(topic, b) for b in bodies]
-        if tags is None and not any(packs):
-            return None  # nothing to say in an ext header: plain MPUB
-        if trace_ids is not None:
-            raise InvalidArgument(
-                "trace_ids cannot be combined with tags or compression (MPUB_EXT has no "
-                "traced answer); publish those messages one by one with trace_id="
-            )
-        self._check_routing(partition, sharding_key)
-        sent: list[bytes] = []
-        headers: list[dict[str, Any] | None] = []
-        lens: list[int] = []
-        for i, body in enumerate(bodies):
-            tag = None if tags is None else tags[i]
-            packed = packs[i]
-            if packed is not None:
-                body = packed[0]
-            header = None if tag is None and packed is None else _ext_headers(None, tag, packed)
-            if len(body) > self.max_message_size:
-                raise MessageTooLarge(
-                    f"message of {len(body)} bytes exceeds max_message_size "
-                    f"({self.max_message_size}); nothing was sent"
-                )
-            sent.append(body)
-            headers.append(header)
-            # [size][header length][header][body]; the header is small JSON, sized as sent
-            lens.append(6 + len(commands.json_header(header) if header else b"") + len(body))
-        requests = []
-        for start, end in _spans(lens, self.max_body_size):
-            build = partial(commands.mpub_ext, topic, sent[start:end], headers[start:end])
-            requests.append(Request(build, count=end - start, ext=True))
-        return Batches(requests, len(bodies), True, False)
-
-    def _mpub_fast(self, topic: str, bodies: list[Any]) -> bytes | None:
-        """The MPUB for the usual call: one batch of non-empty bytes-like bodies that fit.
-
-        The encoding does the type check (``bytes.join`` takes only bytes-like objects, as
-        :func:`check_body` does) and the length of the result shows any body whose ``len()``
-        is not its size in bytes, so valid input costs no separate pass. ``None``: take the
-        general path, which also words the error for bad input.
-        """
-        try:
-            lens = list(map(len, bodies))
-        except TypeError:
-            return None
-        same, shortest, longest, total = sizes(lens)
-        body_size = 4 + 4 * len(lens) + total
-        if shortest == 0 or longest > self.max_message_size or body_size > self.max_body_size:
-            return None
-        try:
-            data = commands.mpub(topic, bodies, None, same)
-        except TypeError:  # not bytes-like
-            return None
-        # "MPUB " + topic + "\n" + body length + body; topic names are ASCII
-        return data if len(data) == 10 + len(topic) + body_size else None
-
-    def _check_routing(self, partition: int | None, key: ShardingKey | None) -> None:
-        if partition is not None and key is not None:
-            raise InvalidArgument("give either partition or sharding_key, not both")
-        if partition is not None and (
-            not isinstance(partition, int) or isinstance(partition, bool) or partition < 0
-        ):
-            raise InvalidArgument(f"partition must be an int >= 0, not {partition!r}")
-        if key is not None:
-            key_bytes(key)  # type check with a clear message
-            if not self._lookupds:
-                raise InvalidArgument(
-                    "sharding_key needs the topic's partition count: configure "
-                    "lookupd_http_addresses (or pass partition= yourself)"
-                )
-
-    def _result(
-        self, topic: str, request: Request, answer: bytes, address: str, part: int | None
-    ) -> PublishResult | None:
-        """The PublishResult of a traced answer (logged when tracing is on for the topic)."""
-        if not request.traced:
-            return None
-        result = decode_publish_response(answer)
-        if result is not None and self.trace.enabled(topic):
-            emit_publish(topic, part, address, result, count=request.count)
-        return result
 
     # -- routing ---------------------------------------------------------------------------------
 
@@ -759,17 +426,33 @@ class ProducerCore(Generic[N]):
             if not node.failures or node.claim(now) or node is order[-1]:
                 yield node
 
-    def _open_failed(self, node: N, exc: Exception) -> Exception:
-        """Opening a connection to ``node`` raised ``exc``: mark it down; what to raise.
+    @contextmanager
+    def _opening(self, node: N) -> Iterator[None]:
+        """Around opening a connection to ``node``: on failure, mark it down and raise a
+        connection failure, which the caller retries elsewhere.
 
         Unreachable, not speaking NSQ, or a bad address (port 0 from a lookupd) are all
-        connection failures, which the caller retries elsewhere; a server error stays one.
+        connection failures; a server error stays one.
         """
+        try:
+            yield
+        except (ConnectionClosed, ProtocolError, InvalidArgument, ServerError) as exc:
+            node.errors += 1
+            node.mark_down(self._now(), f"cannot connect: {exc}")
+            if isinstance(exc, ConnectionClosed | ServerError):
+                raise
+            raise ConnectFailed(f"nsqd {node.address}: {exc}") from exc
+
+    def _timed_out(self, node: N) -> None:
+        """A request to ``node`` timed out: avoid it for a while (the caller stops using the
+        connection)."""
         node.errors += 1
-        node.mark_down(self._now(), f"cannot connect: {exc}")
-        if isinstance(exc, ConnectionClosed | ServerError):
-            return exc
-        return ConnectFailed(f"nsqd {node.address}: {exc}")
+        node.mark_down(self._now(), "did not answer a publish in time")
+
+    def _forget(self, node: N, conn: Conn) -> None:
+        """``conn`` ended: drop it; if it was lost (not closed by us), avoid its nsqd."""
+        if node.drop(conn) and not self._closed and not conn.retiring:
+            node.mark_down(self._now(), f"connection lost: {conn.close_reason}")
 
     def _connected(self, node: N) -> None:
         """A new connection to ``node`` is open (not proof yet that it works)."""
@@ -797,6 +480,34 @@ class ProducerCore(Generic[N]):
         # DEBUG: every request in flight retries at once; the node's outage is logged once.
         log.debug("publish failed (%s); retry %d of %d", exc, attempt, self.max_retries)
         return float(self.retry_backoff * 2.0 ** (attempt - 1) * random.uniform(1, 1.5))
+
+
+class BatchRun:
+    """One ``publish_many`` while its batches go out in order: what was acknowledged, the
+    results of traced batches, and what a failed batch raises."""
+
+    __slots__ = ("_core", "_done", "_plan", "_results", "_topic")
+
+    def __init__(self, core: ProducerCore[Any], topic: str, plan: Batches) -> None:
+        self._core = core
+        self._topic = topic
+        self._plan = plan
+        self._done = 0  # messages acknowledged
+        self._results: list[PublishResult] = []
+
+    def answered(self, request: Request, answer: bytes, address: str, part: int | None) -> None:
+        result = self._core._result(self._topic, request, answer, address, part)
+        if result is not None:
+            self._results.append(result)
+        self._done += request.count
+
+    def failed(self, exc: NSQError) -> NSQError:
+        """What to raise after ``exc``; the messages not acknowledged count as failed."""
+        self._core._failed += self._plan.total - self._done
+        return batch_failed(exc, self._done, self._plan.total)
+
+    def results(self) -> list[PublishResult] | None:
+        return self._results if self._plan.traced else None
 
 
 def batch_failed(exc: NSQError, done: int, total: int) -> NSQError:

@@ -81,6 +81,7 @@ class SyncConnection:
         self.features = Features()
         self.closed = False
         self.close_reason: BaseException | None = None
+        self.retiring = False  # closed (or being closed) by us, not lost
         self._sock = sock
         self._decoder = FrameDecoder(config.max_frame_size)
         self._compress: Codec | None = None
@@ -338,7 +339,7 @@ class SyncConnection:
                 raise self._closed_error()
             if self._waiters:
                 raise NSQError(f"connection to nsqd {self.address} has requests pending")
-            self.closed = True
+            self.closed = self.retiring = True
             self.close_reason = ConnectionClosed(f"connection to nsqd {self.address} handed over")
         self._sock.settimeout(timeout)
         return Detached(
@@ -354,6 +355,7 @@ class SyncConnection:
 
     def close(self, timeout: float = 5.0) -> None:
         """Wait (up to ``timeout``) for outstanding answers, then close."""
+        self.retiring = True
         deadline = time.monotonic() + timeout
         while self._waiters and not self.closed and time.monotonic() < deadline:
             if self._read_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
