@@ -93,8 +93,9 @@ def prepare_classic(cluster: Cluster, snippet: Snippet) -> None:
         for lookupd in cluster.lookupd:
             wait_for(
                 f"lookupd {lookupd.http} to list topic {topic!r}",
-                lambda lookupd=lookupd, name=name: http(lookupd.http, f"/lookup?topic={name}")[0]
-                == 200,
+                lambda lookupd=lookupd, name=name: (
+                    http(lookupd.http, f"/lookup?topic={name}")[0] == 200
+                ),
                 READY_TIMEOUT,
             )
 
@@ -175,7 +176,8 @@ def run_forever(cluster: Cluster, snippet: Snippet, script: Path) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             out, err = process.communicate()
-            pytest.fail(report(snippet, f"did not exit {STOP_TIMEOUT:.0f} s after SIGINT", out, err))
+            what = f"did not exit {STOP_TIMEOUT:.0f} s after SIGINT"
+            pytest.fail(report(snippet, what, out, err))
     finally:
         if process.poll() is None:
             process.kill()
