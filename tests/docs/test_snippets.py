@@ -145,11 +145,19 @@ def subscribed(cluster: Cluster) -> bool:
 
 
 def only_keyboard_interrupt(stderr: str) -> bool:
-    """Whether stderr holds no traceback but one ending in KeyboardInterrupt."""
+    """Whether every traceback on stderr ends in KeyboardInterrupt (or the CancelledError that
+    asyncio chains before it): Ctrl-C out of ``anyio.run`` prints one; nothing else may."""
     if "Traceback" not in stderr:
-        return True
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    return stderr.count("Traceback") == 1 and lines[-1].strip() == "KeyboardInterrupt"
+        return True  # log lines ("INFO:smartnsq...") are not exceptions
+    ends = [
+        line.strip()
+        for line in stderr[stderr.index("Traceback") :].splitlines()
+        if line and not line[0].isspace() and re.match(r"[\w.]+(:|$)", line)
+    ]
+    allowed = {"KeyboardInterrupt", "asyncio.exceptions.CancelledError", "CancelledError"}
+    return all(end.split(":")[0] in allowed for end in ends) and (
+        not ends or ends[-1] == "KeyboardInterrupt"
+    )
 
 
 def run_forever(cluster: Cluster, snippet: Snippet, script: Path) -> None:
@@ -299,6 +307,21 @@ def test_an_unknown_marker_or_an_unclosed_fence_is_an_error() -> None:
         extract("<!-- fragmnet -->\n```python\nx\n```\n", "p.md")
     with pytest.raises(SnippetError, match="never closed"):
         extract("```python\nx\n", "p.md")
+
+
+def test_only_a_keyboard_interrupt_is_accepted_after_sigint() -> None:
+    assert only_keyboard_interrupt("")
+    assert only_keyboard_interrupt("INFO:smartnsq.consumer:subscribed\n")
+    chained = (
+        "Traceback (most recent call last):\n  File x\nasyncio.exceptions.CancelledError\n\n"
+        "During handling of the above exception, another exception occurred:\n\n"
+        "Traceback (most recent call last):\n  File y\nKeyboardInterrupt\n"
+    )
+    assert only_keyboard_interrupt(chained)
+    assert not only_keyboard_interrupt(chained.replace("KeyboardInterrupt", "NameError: x"))
+    assert not only_keyboard_interrupt(
+        "Traceback (most recent call last):\n  File z\nValueError: bad\n\n" + chained
+    )
 
 
 def test_standard_addresses_are_rewritten_and_nothing_else() -> None:
