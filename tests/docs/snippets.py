@@ -16,8 +16,10 @@ before the fence (several may stack), say how it is run:
 
 Snippets use the standard addresses 127.0.0.1:4150 (nsqd TCP), 127.0.0.1:4151 (nsqd HTTP),
 127.0.0.1:4160 (lookupd TCP) and 127.0.0.1:4161 (lookupd HTTP), which the test rewrites to
-its cluster's. Every snippet starts on an empty cluster, where each topic a ``Consumer("…"``
-in it reads already exists (as after the page's publishing snippet) and is known to lookupd.
+its cluster's. Every snippet starts on an empty classic cluster, where each topic a
+``Consumer("…"`` in it reads already exists (as after the page's publishing snippet) and is
+known to lookupd; on a Youzan cluster each topic it reads or publishes to exists with 2
+partitions.
 """
 
 from __future__ import annotations

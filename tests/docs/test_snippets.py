@@ -12,9 +12,10 @@ HTML comment per line right before the fence (see tests/docs/snippets.py and REA
     <!-- spark -->     starts a Spark session: a longer timeout
 
 The standard addresses 127.0.0.1:4150/4151 (nsqd TCP/HTTP) and 127.0.0.1:4160/4161 (lookupd
-TCP/HTTP) are rewritten to the cluster's. Before each block every topic is deleted and each
-topic a ``Consumer("…"`` in it reads is created and known to lookupd; after it, no message
-may have been requeued or timed out (a failing handler requeues silently).
+TCP/HTTP) are rewritten to the cluster's. On the classic cluster, every topic is deleted before
+each block and each topic a ``Consumer("…"`` in it reads is created and known to lookupd; after
+it, no message may have been requeued or timed out (a failing handler requeues silently). On
+the Youzan cluster, each topic it reads or publishes to is created with 2 partitions.
 """
 
 from __future__ import annotations
