@@ -6,7 +6,8 @@ before the fence (several may stack), say how it is run:
 
 * ``<!-- forever -->``: it runs until stopped (a worker, a consumer that sleeps forever). The
   test waits until a client of it is subscribed on the cluster's nsqd, then sends SIGINT; it
-  must then exit within ``STOP_TIMEOUT`` seconds, with status 0 or by ``KeyboardInterrupt``.
+  must then exit within ``STOP_TIMEOUT`` seconds, with status 0 or by ``KeyboardInterrupt``
+  (under ``smartnsq.run`` / ``serve`` or a blocking ``Consumer.run()``: 0, no traceback).
 * ``<!-- pytest -->``: it is a test module; it is run with pytest, with the smartnsq plugin's
   ``SMARTNSQ_NSQ_BIN_DIR`` pointing at the servers the test suite uses.
 * ``<!-- youzan -->``: it needs a Youzan HA cluster; skipped, with the reason, when the fork's

@@ -6,7 +6,9 @@ HTML comment per line right before the fence (see tests/docs/snippets.py and REA
 
     <!-- fragment -->  not run: an excerpt (names defined elsewhere, a placeholder host)
     <!-- forever -->   runs until stopped: SIGINT once its consumer is subscribed; it must
-                       then exit within STOP_TIMEOUT with status 0 or by KeyboardInterrupt
+                       then exit within STOP_TIMEOUT with status 0 or by KeyboardInterrupt;
+                       under smartnsq.run / serve or a blocking Consumer's run(), with 0
+                       and no traceback
     <!-- pytest -->    a test module: run with pytest and the smartnsq plugin's servers
     <!-- youzan -->    needs a Youzan HA cluster: skipped, with the reason, without the fork
     <!-- spark -->     starts a Spark session: a longer timeout
@@ -191,10 +193,21 @@ def run_forever(cluster: Cluster, snippet: Snippet, script: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.communicate()
+    if stops_gracefully(snippet):
+        # smartnsq.run / serve and the blocking Consumer.run promise a clean exit on SIGINT.
+        assert process.returncode == 0, report(
+            snippet, f"exited with {process.returncode} after SIGINT, not 0", out, err
+        )
+        assert "Traceback" not in err, report(snippet, "printed a traceback", out, err)
     assert process.returncode in (0, -signal.SIGINT), report(
         snippet, f"exited with {process.returncode} after SIGINT", out, err
     )
     assert only_keyboard_interrupt(err), report(snippet, "printed a traceback", out, err)
+
+
+def stops_gracefully(snippet: Snippet) -> bool:
+    """Whether the block runs under smartnsq.run / serve or a blocking Consumer's run()."""
+    return bool(re.search(r"\bsmartnsq\.(run|serve)\(|\)\.run\(\)", snippet.code))
 
 
 def run_pytest(snippet: Snippet, script: Path) -> None:
@@ -323,6 +336,16 @@ def test_only_a_keyboard_interrupt_is_accepted_after_sigint() -> None:
     assert not only_keyboard_interrupt(
         "Traceback (most recent call last):\n  File z\nValueError: bad\n\n" + chained
     )
+
+
+def test_graceful_stops_are_recognised() -> None:
+    def snippet(code: str) -> Snippet:
+        return Snippet("p.md", 1, code, frozenset({"forever"}))
+
+    assert stops_gracefully(snippet("smartnsq.run(consumer, stop_timeout=10)"))
+    assert stops_gracefully(snippet("    await smartnsq.serve(consumer, producer)"))
+    assert stops_gracefully(snippet('Consumer("t", "c", handle,\n         x=1).run()'))
+    assert not stops_gracefully(snippet("anyio.run(main)"))
 
 
 def test_standard_addresses_are_rewritten_and_nothing_else() -> None:
