@@ -12,6 +12,8 @@ before the fence (several may stack), say how it is run:
   ``SMARTNSQ_NSQ_BIN_DIR`` pointing at the servers the test suite uses.
 * ``<!-- youzan -->``: it needs a Youzan HA cluster; skipped, with the reason, when the fork's
   servers are not on this machine (the only kind of skip).
+* ``<!-- youzan-ext -->``: the same, with the topics created as ext topics (JSON headers,
+  tags, go-nsq compression).
 * ``<!-- spark -->``: it starts a Spark session: a longer timeout (pyspark and Java must be
   there; it fails, never skips, without them).
 
@@ -31,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = ("README.md", "docs/**/*.md")
-MARKERS = frozenset({"fragment", "forever", "pytest", "youzan", "spark"})
+MARKERS = frozenset({"fragment", "forever", "pytest", "youzan", "youzan-ext", "spark"})
 STANDARD = {"4150": "nsqd_tcp", "4151": "nsqd_http", "4160": "lookupd_tcp", "4161": "lookupd_http"}
 
 _FENCE = re.compile(r"^(\s*)```python\s*$")
@@ -55,6 +57,10 @@ class Snippet:
     @property
     def id(self) -> str:
         return f"{self.path}:{self.line}"
+
+    @property
+    def youzan(self) -> bool:
+        return bool(self.markers & {"youzan", "youzan-ext"})
 
     @property
     def runnable(self) -> bool:

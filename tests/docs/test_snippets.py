@@ -11,6 +11,7 @@ HTML comment per line right before the fence (see tests/docs/snippets.py and REA
                        and no traceback
     <!-- pytest -->    a test module: run with pytest and the smartnsq plugin's servers
     <!-- youzan -->    needs a Youzan HA cluster: skipped, with the reason, without the fork
+    <!-- youzan-ext --> the same, its topics created as ext topics (headers, tags, compression)
     <!-- spark -->     starts a Spark session: a longer timeout
 
 The standard addresses 127.0.0.1:4150/4151 (nsqd TCP/HTTP) and 127.0.0.1:4160/4161 (lookupd
@@ -108,7 +109,7 @@ def prepare_youzan(cluster: Cluster, snippet: Snippet) -> None:
 
     published = re.findall(r"\bpublish(?:_many)?\(\s*[\"']([\w.#-]+)[\"']", snippet.code)
     for topic in sorted(set(snippet.topics_consumed()) | set(published)):
-        create_topic(cluster, topic, partitions=2, replicas=1)
+        create_topic(cluster, topic, partitions=2, replicas=1, ext="youzan-ext" in snippet.markers)
 
 
 def addresses(cluster: Cluster) -> dict[str, str]:
@@ -240,6 +241,7 @@ def run_once(snippet: Snippet, script: Path) -> None:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
         err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
         pytest.fail(report(snippet, f"did not finish within {timeout:.0f} s", out, err))
+    print(report(snippet, "output (pytest -rP shows it)", result.stdout, result.stderr))
     assert result.returncode == 0, report(
         snippet, f"exited with {result.returncode}", result.stdout, result.stderr
     )
@@ -253,7 +255,7 @@ def cluster_for(request: pytest.FixtureRequest) -> Iterator[Callable[[Snippet], 
     """The cluster a snippet runs on: the module's classic one, or a Youzan one."""
 
     def get(snippet: Snippet) -> Cluster:
-        kind = "youzan_cluster" if "youzan" in snippet.markers else "classic_cluster"
+        kind = "youzan_cluster" if snippet.youzan else "classic_cluster"
         cluster: Cluster = request.getfixturevalue(kind)
         return cluster
 
@@ -271,7 +273,7 @@ def test_snippet_runs_as_pasted(
         run_pytest(snippet, script)
         return
     cluster = cluster_for(snippet)
-    youzan = "youzan" in snippet.markers
+    youzan = snippet.youzan
     script = tmp_path / "snippet.py"
     script.write_text(rewrite(snippet.code, addresses(cluster)))
     if not youzan:
