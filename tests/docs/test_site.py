@@ -11,6 +11,7 @@ behind a scroll bar), and the API reference's signatures are formatted over seve
 
 from __future__ import annotations
 
+import contextlib
 import html
 import http.server
 import json
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 BUILD_TIMEOUT = 180  # seconds; a build takes a few seconds
 BROWSER_TIMEOUT = 90
+PROBE_TIMEOUT = 240  # forty page loads in one browser, on a loaded machine
 
 
 def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
@@ -69,6 +71,12 @@ class Recorder(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture
 def server(site: Path) -> Iterator[tuple[str, list[tuple[str, int]]]]:
+    with serving(site) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def serving(site: Path) -> Iterator[tuple[str, list[tuple[str, int]]]]:
     requests: list[tuple[str, int]] = []
     handler = type("Handler", (Recorder,), {"requests": requests})
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(site)))
@@ -82,7 +90,7 @@ def server(site: Path) -> Iterator[tuple[str, list[tuple[str, int]]]]:
         thread.join()
 
 
-def render(url: str, profile: Path, *extra: str) -> str:
+def render(url: str, profile: Path, *extra: str, timeout: float = BROWSER_TIMEOUT) -> str:
     """The DOM of ``url`` after Chromium has loaded it (scripts run, assets fetched)."""
     if not CHROMIUM.exists():
         pytest.fail(
@@ -106,7 +114,7 @@ def render(url: str, profile: Path, *extra: str) -> str:
         "--dump-dom",
         url,
     ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=BROWSER_TIMEOUT)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"chromium failed ({result.returncode}):\n{result.stderr}"
     return result.stdout
 
@@ -228,6 +236,9 @@ function measure(frame) {
 }
 for (const page of pages) for (const width of widths) {
   const frame = document.createElement("iframe");
+  // Same origin (so it can be measured) but no scripts: code boxes are laid out by CSS alone,
+  // and forty copies of the theme's JavaScript would only slow the browser down.
+  frame.setAttribute("sandbox", "allow-same-origin");
   frame.style.width = width + "px";
   frame.style.height = "800px";
   frame.onload = () => {
@@ -245,8 +256,10 @@ def measure_site(site: Path, base: str, profile: Path) -> Measured:
     (site / "probe.html").write_text(
         PROBE % {"pages": json.dumps(PAGES), "widths": json.dumps(list(WIDTHS))}
     )
-    # The virtual time budget lets every iframe load and its scripts run before the dump.
-    dom = render(f"{base}/probe.html", profile, "--virtual-time-budget=20000")
+    # The virtual time budget lets every iframe load before the dump.
+    dom = render(
+        f"{base}/probe.html", profile, "--virtual-time-budget=20000", timeout=PROBE_TIMEOUT
+    )
     found = re.search(r'<pre id="result">(.*?)</pre>', dom, flags=re.S)
     assert found, dom[:2000]
     text = html.unescape(found.group(1))
@@ -256,10 +269,10 @@ def measure_site(site: Path, base: str, profile: Path) -> Measured:
     return result
 
 
-@pytest.fixture
-def measured(site: Path, server: tuple[str, list[tuple[str, int]]], tmp_path: Path) -> Measured:
-    base, requests = server
-    result = measure_site(site, base, tmp_path / "profile")
+@pytest.fixture(scope="module")
+def measured(site: Path, tmp_path_factory: pytest.TempPathFactory) -> Measured:
+    with serving(site) as (base, requests):
+        result = measure_site(site, base, tmp_path_factory.mktemp("profile"))
     failed = [(path, status) for path, status in requests if not 200 <= status < 400]
     assert not failed, f"requests that failed: {failed}"
     return result
