@@ -1,0 +1,112 @@
+"""The ```python blocks of README.md and docs/, and how the snippet test runs them.
+
+The convention (README's "Writing docs" says the same): a ```python fence is run unless the
+line right before it is ``<!-- fragment -->``. Other markers, one HTML comment per line right
+before the fence (several may stack), say how it is run:
+
+* ``<!-- forever -->``: it runs until stopped (a worker, a consumer that sleeps forever). The
+  test waits until a client of it is subscribed on the cluster's nsqd, then sends SIGINT; it
+  must then exit within ``STOP_TIMEOUT`` seconds, with status 0 or by ``KeyboardInterrupt``
+  (under ``smartnsq.run`` / ``serve`` or a blocking ``Consumer.run()``: 0, no traceback).
+* ``<!-- pytest -->``: it is a test module; it is run with pytest, with the smartnsq plugin's
+  ``SMARTNSQ_NSQ_BIN_DIR`` pointing at the servers the test suite uses.
+* ``<!-- youzan -->``: it needs a Youzan HA cluster; skipped, with the reason, when the fork's
+  servers are not on this machine (the only kind of skip).
+* ``<!-- youzan-ext -->``: the same, with the topics created as ext topics (JSON headers,
+  tags, go-nsq compression).
+* ``<!-- spark -->``: it starts a Spark session: a longer timeout (pyspark and Java must be
+  there; it fails, never skips, without them).
+
+Snippets use the standard addresses 127.0.0.1:4150 (nsqd TCP), 127.0.0.1:4151 (nsqd HTTP),
+127.0.0.1:4160 (lookupd TCP) and 127.0.0.1:4161 (lookupd HTTP), which the test rewrites to
+its cluster's. Every snippet starts on an empty classic cluster, where each topic a
+``Consumer("…"`` in it reads already exists (as after the page's publishing snippet) and is
+known to lookupd; on a Youzan cluster each topic it reads or publishes to exists with 2
+partitions.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = ("README.md", "docs/**/*.md")
+MARKERS = frozenset({"fragment", "forever", "pytest", "youzan", "youzan-ext", "spark"})
+STANDARD = {"4150": "nsqd_tcp", "4151": "nsqd_http", "4160": "lookupd_tcp", "4161": "lookupd_http"}
+
+_FENCE = re.compile(r"^(\s*)```python\s*$")
+_CLOSE = re.compile(r"^\s*```\s*$")
+_MARKER = re.compile(r"^\s*<!--\s*([a-z][a-z-]*)\s*-->\s*$")
+_ADDRESS = re.compile(r"(?<![\d.])127\.0\.0\.1:(4150|4151|4160|4161)(?!\d)")
+_CONSUMED = re.compile(r"\bConsumer\(\s*[\"']([\w.#-]+)[\"']")
+
+
+class SnippetError(ValueError):
+    """A page's fences or markers are malformed (unclosed fence, unknown marker)."""
+
+
+@dataclass(frozen=True)
+class Snippet:
+    path: str  # relative to the repository root
+    line: int  # of the opening fence, 1-based
+    code: str
+    markers: frozenset[str]
+
+    @property
+    def id(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    @property
+    def youzan(self) -> bool:
+        return bool(self.markers & {"youzan", "youzan-ext"})
+
+    @property
+    def runnable(self) -> bool:
+        return "fragment" not in self.markers
+
+    def topics_consumed(self) -> list[str]:
+        return sorted(set(_CONSUMED.findall(self.code)))
+
+
+def extract(text: str, path: str) -> list[Snippet]:
+    """Every ```python block of ``text`` with the markers on the lines right before it."""
+    lines = text.splitlines()
+    found: list[Snippet] = []
+    i = 0
+    while i < len(lines):
+        opening = _FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        markers: set[str] = set()
+        j = i - 1
+        while j >= 0 and (m := _MARKER.match(lines[j])):
+            if m.group(1) not in MARKERS:
+                raise SnippetError(
+                    f"{path}:{j + 1}: unknown snippet marker {m.group(1)!r} "
+                    f"(known: {', '.join(sorted(MARKERS))})"
+                )
+            markers.add(m.group(1))
+            j -= 1
+        end = i + 1
+        while end < len(lines) and not _CLOSE.match(lines[end]):
+            end += 1
+        if end == len(lines):
+            raise SnippetError(f"{path}:{i + 1}: ```python fence is never closed")
+        indent = len(opening.group(1))
+        body = "\n".join(line[indent:] for line in lines[i + 1 : end]) + "\n"
+        found.append(Snippet(path, i + 1, body, frozenset(markers)))
+        i = end + 1
+    return found
+
+
+def all_snippets(root: Path = ROOT) -> list[Snippet]:
+    files = sorted({p for pattern in PAGES for p in root.glob(pattern)})
+    return [s for f in files for s in extract(f.read_text(), f.relative_to(root).as_posix())]
+
+
+def rewrite(code: str, addresses: dict[str, str]) -> str:
+    """The standard addresses in ``code`` replaced by ``addresses`` (keys as in STANDARD)."""
+    return _ADDRESS.sub(lambda m: addresses[STANDARD[m.group(1)]], code)

@@ -1,0 +1,361 @@
+"""Every ```python block of README.md and docs/ runs as pasted, against real servers.
+
+Each block is one test (``path:line``), run as a subprocess with a timeout. The markers, one
+HTML comment per line right before the fence (see tests/docs/snippets.py and README's
+"Writing docs"):
+
+    <!-- fragment -->  not run: an excerpt (names defined elsewhere, a placeholder host)
+    <!-- forever -->   runs until stopped: SIGINT once its consumer is subscribed; it must
+                       then exit within STOP_TIMEOUT with status 0 or by KeyboardInterrupt;
+                       under smartnsq.run / serve or a blocking Consumer's run(), with 0
+                       and no traceback
+    <!-- pytest -->    a test module: run with pytest and the smartnsq plugin's servers
+    <!-- youzan -->    needs a Youzan HA cluster: skipped, with the reason, without the fork
+    <!-- youzan-ext --> the same, its topics created as ext topics (headers, tags, compression)
+    <!-- spark -->     starts a Spark session: a longer timeout
+
+The standard addresses 127.0.0.1:4150/4151 (nsqd TCP/HTTP) and 127.0.0.1:4160/4161 (lookupd
+TCP/HTTP) are rewritten to the cluster's. On the classic cluster, every topic is deleted before
+each block and each topic a ``Consumer("…"`` in it reads is created and known to lookupd; after
+it, no message may have been requeued or timed out (a failing handler requeues silently). On
+the Youzan cluster, each topic it reads or publishes to is created with 2 partitions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compat.cluster import Cluster
+from compat.servers import ensure_binaries
+from tests.docs.snippets import ROOT, Snippet, SnippetError, all_snippets, extract, rewrite
+
+RUN_TIMEOUT = 60.0  # seconds for a snippet that terminates; the longest sleeps 10 s
+SPARK_TIMEOUT = 240.0
+READY_TIMEOUT = 60.0  # for a "forever" snippet's consumer to subscribe
+STOP_TIMEOUT = 20.0  # for it to exit after SIGINT
+HTTP_TIMEOUT = 5.0
+
+SNIPPETS = all_snippets()
+RUNNABLE = [s for s in SNIPPETS if s.runnable]
+
+
+def http(address: str, path: str, method: str = "GET") -> tuple[int, Any]:
+    request = urllib.request.Request(f"http://{address}{path}", method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:
+            body = response.read()
+            return response.status, json.loads(body) if body.strip() else None
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+
+
+def wait_for(what: str, condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)  # a poll interval under a deadline, not a stand-in for a signal
+
+
+def topics(cluster: Cluster) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    for nsqd in cluster.nsqd:
+        status, stats = http(nsqd.http, "/stats?format=json")
+        assert status == 200, f"nsqd {nsqd.http} /stats answered {status}"
+        found += stats.get("topics") or []
+    return found
+
+
+def reset(cluster: Cluster) -> None:
+    """Delete every topic (their channels go with them): each snippet starts on a clean nsqd."""
+    for nsqd in cluster.nsqd:
+        _, stats = http(nsqd.http, "/stats?format=json")
+        for topic in stats.get("topics") or []:
+            name = urllib.parse.quote(topic["topic_name"])
+            http(nsqd.http, f"/topic/delete?topic={name}", method="POST")
+
+
+def prepare_classic(cluster: Cluster, snippet: Snippet) -> None:
+    for topic in snippet.topics_consumed():
+        name = urllib.parse.quote(topic)
+        status, _ = http(cluster.nsqd[0].http, f"/topic/create?topic={name}", method="POST")
+        assert status == 200, f"creating topic {topic!r} answered {status}"
+        for lookupd in cluster.lookupd:
+            wait_for(
+                f"lookupd {lookupd.http} to list topic {topic!r}",
+                lambda lookupd=lookupd, name=name: (
+                    http(lookupd.http, f"/lookup?topic={name}")[0] == 200
+                ),
+                READY_TIMEOUT,
+            )
+
+
+def prepare_youzan(cluster: Cluster, snippet: Snippet) -> None:
+    from compat.youzan import create_topic
+
+    published = re.findall(r"\bpublish(?:_many)?\(\s*[\"']([\w.#-]+)[\"']", snippet.code)
+    for topic in sorted(set(snippet.topics_consumed()) | set(published)):
+        create_topic(cluster, topic, partitions=2, replicas=1, ext="youzan-ext" in snippet.markers)
+
+
+def addresses(cluster: Cluster) -> dict[str, str]:
+    return {
+        "nsqd_tcp": cluster.nsqd[0].tcp,
+        "nsqd_http": cluster.nsqd[0].http,
+        "lookupd_tcp": cluster.lookupd[0].tcp,
+        "lookupd_http": cluster.lookupd[0].http,
+    }
+
+
+def environment(**extra: str) -> dict[str, str]:
+    # The checkout first on sys.path: the snippet tests this checkout's smartnsq.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def report(snippet: Snippet, what: str, stdout: str, stderr: str) -> str:
+    return f"{snippet.id} {what}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-5000:]}"
+
+
+def assert_no_failed_messages(cluster: Cluster, snippet: Snippet) -> None:
+    failed = [
+        (t["topic_name"], c["channel_name"], c["requeue_count"], c["timeout_count"])
+        for t in topics(cluster)
+        for c in t.get("channels") or []
+        if c["requeue_count"] or c["timeout_count"]
+    ]
+    assert not failed, (
+        f"{snippet.id}: messages were requeued or timed out (a handler failed?): "
+        f"(topic, channel, requeued, timed out) {failed}"
+    )
+
+
+def subscribed(cluster: Cluster) -> bool:
+    return any(c.get("clients") for t in topics(cluster) for c in t.get("channels") or [])
+
+
+def only_keyboard_interrupt(stderr: str) -> bool:
+    """Whether every traceback on stderr ends in KeyboardInterrupt (or the CancelledError that
+    asyncio chains before it): Ctrl-C out of ``anyio.run`` prints one; nothing else may."""
+    if "Traceback" not in stderr:
+        return True  # log lines ("INFO:smartnsq...") are not exceptions
+    ends = [
+        line.strip()
+        for line in stderr[stderr.index("Traceback") :].splitlines()
+        if line and not line[0].isspace() and re.match(r"[\w.]+(:|$)", line)
+    ]
+    allowed = {"KeyboardInterrupt", "asyncio.exceptions.CancelledError", "CancelledError"}
+    return all(end.split(":")[0] in allowed for end in ends) and (
+        not ends or ends[-1] == "KeyboardInterrupt"
+    )
+
+
+def run_forever(cluster: Cluster, snippet: Snippet, script: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=script.parent,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not subscribed(cluster):
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                out, err = process.communicate()
+                what = "exited before" if process.returncode != -9 else "timed out before"
+                pytest.fail(report(snippet, f"{what} its consumer subscribed", out, err))
+            time.sleep(0.05)  # polls nsqd under a deadline
+        process.send_signal(signal.SIGINT)
+        try:
+            out, err = process.communicate(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+            what = f"did not exit {STOP_TIMEOUT:.0f} s after SIGINT"
+            pytest.fail(report(snippet, what, out, err))
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    if stops_gracefully(snippet):
+        # smartnsq.run / serve and the blocking Consumer.run promise a clean exit on SIGINT.
+        assert process.returncode == 0, report(
+            snippet, f"exited with {process.returncode} after SIGINT, not 0", out, err
+        )
+        assert "Traceback" not in err, report(snippet, "printed a traceback", out, err)
+    assert process.returncode in (0, -signal.SIGINT), report(
+        snippet, f"exited with {process.returncode} after SIGINT", out, err
+    )
+    assert only_keyboard_interrupt(err), report(snippet, "printed a traceback", out, err)
+
+
+def stops_gracefully(snippet: Snippet) -> bool:
+    """Whether the block runs under smartnsq.run / serve or a blocking Consumer's run()."""
+    return bool(re.search(r"\bsmartnsq\.(run|serve)\(|\)\.run\(\)", snippet.code))
+
+
+def run_pytest(snippet: Snippet, script: Path) -> None:
+    bin_dir = ensure_binaries("classic")["nsqd"].parent
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", script.name],
+        cwd=script.parent,
+        env=environment(SMARTNSQ_NSQ_BIN_DIR=str(bin_dir)),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT * 2,
+    )
+    assert result.returncode == 0, report(snippet, "failed", result.stdout, result.stderr)
+    assert re.search(r"\b\d+ passed\b", result.stdout), result.stdout
+    assert not re.search(r"\b(skipped|xfailed|deselected)\b", result.stdout), result.stdout
+
+
+def run_once(snippet: Snippet, script: Path) -> None:
+    timeout = SPARK_TIMEOUT if "spark" in snippet.markers else RUN_TIMEOUT
+    try:
+        result = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=script.parent,
+            env=environment(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        pytest.fail(report(snippet, f"did not finish within {timeout:.0f} s", out, err))
+    print(report(snippet, "output (pytest -rP shows it)", result.stdout, result.stderr))
+    assert result.returncode == 0, report(
+        snippet, f"exited with {result.returncode}", result.stdout, result.stderr
+    )
+    assert "Traceback" not in result.stderr, report(
+        snippet, "printed a traceback", result.stdout, result.stderr
+    )
+
+
+@pytest.fixture
+def cluster_for(request: pytest.FixtureRequest) -> Iterator[Callable[[Snippet], Cluster]]:
+    """The cluster a snippet runs on: the module's classic one, or a Youzan one."""
+
+    def get(snippet: Snippet) -> Cluster:
+        kind = "youzan_cluster" if snippet.youzan else "classic_cluster"
+        cluster: Cluster = request.getfixturevalue(kind)
+        return cluster
+
+    yield get
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("snippet", RUNNABLE, ids=[s.id for s in RUNNABLE])
+def test_snippet_runs_as_pasted(
+    snippet: Snippet, cluster_for: Callable[[Snippet], Cluster], tmp_path: Path
+) -> None:
+    if "pytest" in snippet.markers:
+        script = tmp_path / "test_snippet.py"
+        script.write_text(snippet.code)
+        run_pytest(snippet, script)
+        return
+    cluster = cluster_for(snippet)
+    youzan = snippet.youzan
+    script = tmp_path / "snippet.py"
+    script.write_text(rewrite(snippet.code, addresses(cluster)))
+    if not youzan:
+        reset(cluster)
+    try:
+        (prepare_youzan if youzan else prepare_classic)(cluster, snippet)
+        if "forever" in snippet.markers:
+            run_forever(cluster, snippet, script)
+        else:
+            run_once(snippet, script)
+        if not youzan:
+            assert_no_failed_messages(cluster, snippet)
+    finally:
+        if not youzan:
+            reset(cluster)
+
+
+# The extraction itself.
+
+
+def test_every_page_has_been_searched() -> None:
+    paths = {s.path for s in SNIPPETS}
+    assert {"README.md", "docs/quickstart.md", "docs/blocking.md"} <= paths, paths
+    assert len(RUNNABLE) >= 15, [s.id for s in RUNNABLE]
+
+
+def test_markers_and_fragments_are_read() -> None:
+    text = (
+        "intro\n```python\nprint(1)\n```\n"
+        "<!-- fragment -->\n```python\nawait x\n```\n"
+        "<!-- forever -->\n<!-- spark -->\n```python\nrun()\n```\n"
+        "- item\n\n  ```python\n  Consumer('t', 'c')\n  ```\n"
+    )
+    found = extract(text, "page.md")
+    assert [(s.line, s.runnable, sorted(s.markers)) for s in found] == [
+        (2, True, []),
+        (6, False, ["fragment"]),
+        (11, True, ["forever", "spark"]),
+        (16, True, []),
+    ]
+    assert found[3].code == "Consumer('t', 'c')\n"
+    assert found[3].topics_consumed() == ["t"]
+
+
+def test_an_unknown_marker_or_an_unclosed_fence_is_an_error() -> None:
+    with pytest.raises(SnippetError, match="unknown snippet marker 'fragmnet'"):
+        extract("<!-- fragmnet -->\n```python\nx\n```\n", "p.md")
+    with pytest.raises(SnippetError, match="never closed"):
+        extract("```python\nx\n", "p.md")
+
+
+def test_only_a_keyboard_interrupt_is_accepted_after_sigint() -> None:
+    assert only_keyboard_interrupt("")
+    assert only_keyboard_interrupt("INFO:smartnsq.consumer:subscribed\n")
+    chained = (
+        "Traceback (most recent call last):\n  File x\nasyncio.exceptions.CancelledError\n\n"
+        "During handling of the above exception, another exception occurred:\n\n"
+        "Traceback (most recent call last):\n  File y\nKeyboardInterrupt\n"
+    )
+    assert only_keyboard_interrupt(chained)
+    assert not only_keyboard_interrupt(chained.replace("KeyboardInterrupt", "NameError: x"))
+    assert not only_keyboard_interrupt(
+        "Traceback (most recent call last):\n  File z\nValueError: bad\n\n" + chained
+    )
+
+
+def test_graceful_stops_are_recognised() -> None:
+    def snippet(code: str) -> Snippet:
+        return Snippet("p.md", 1, code, frozenset({"forever"}))
+
+    assert stops_gracefully(snippet("smartnsq.run(consumer, stop_timeout=10)"))
+    assert stops_gracefully(snippet("    await smartnsq.serve(consumer, producer)"))
+    assert stops_gracefully(snippet('Consumer("t", "c", handle,\n         x=1).run()'))
+    assert not stops_gracefully(snippet("anyio.run(main)"))
+
+
+def test_standard_addresses_are_rewritten_and_nothing_else() -> None:
+    real = {"nsqd_tcp": "A", "nsqd_http": "B", "lookupd_tcp": "C", "lookupd_http": "D"}
+    code = (
+        '["127.0.0.1:4150"] "http://127.0.0.1:4161" 127.0.0.1:4151 127.0.0.1:4160 '
+        "127.0.0.1:41500 227.0.0.1:4150 127.0.0.1:4152"
+    )
+    assert rewrite(code, real) == (
+        '["A"] "http://D" B C 127.0.0.1:41500 227.0.0.1:4150 127.0.0.1:4152'
+    )
