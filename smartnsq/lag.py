@@ -135,8 +135,9 @@ async def _partition_lag(
         p = await read_partition(client, topic, partition, node, channel)
     except NSQError as exc:
         return ChannelLag(topic, channel, http, partition, None, str(exc))
-    lag = None if p.channel_count is None else max(0, p.end_count - p.channel_count)
-    return ChannelLag(topic, channel, http, partition, lag)
+    if p.channel_count is None or p.end_count is None:
+        return ChannelLag(topic, channel, http, partition, None)
+    return ChannelLag(topic, channel, http, partition, max(0, p.end_count - p.channel_count))
 
 
 async def _nsqd_lag(client: HttpClient, topic: str, channel: str, address: str) -> ChannelLag:

@@ -10,7 +10,7 @@ from compat.youzan import create_topic
 from smartnsq import Consumer, Message, Producer
 from smartnsq.errors import InvalidArgument, NsqdHttpFailed
 from smartnsq.lag import ChannelLag, channel_lag, classic_lag
-from tests.helpers import create_channel, lookupds, unique, unused_address
+from tests.helpers import create_channel, lookupds, unique, unused_address, wait_for
 
 asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
@@ -127,3 +127,60 @@ async def test_youzan_lag_per_partition(youzan_cluster) -> None:
             await producer.publish(topic, b"b%d" % i, partition=1)
     result = await channel_lag(topic, channel, lookupd_http_addresses=lookupds(youzan_cluster))
     assert {r.partition: r.messages for r in result} == {0: 5, 1: 3}
+
+
+@pytest.mark.integration
+@pytest.mark.anyio
+@asyncio_only
+async def test_consumer_lag_async_and_blocking(classic_cluster) -> None:
+    from smartnsq import sync
+
+    topic, channel = unique("lag"), "c"
+    nsqd = classic_cluster.nsqd[0]
+    create_channel(nsqd.http, topic, channel)
+    async with Producer(nsqd_tcp_addresses=[nsqd.tcp]) as producer:
+        await producer.publish_many(topic, [b"x"] * 4)
+    by_lookupd = Consumer(topic, channel, lookupd_http_addresses=lookupds(classic_cluster))
+    assert [r.messages for r in await by_lookupd.lag()] == [4]
+    direct = Consumer(topic, channel, nsqd_tcp_addresses=[nsqd.tcp])
+    with pytest.raises(InvalidArgument, match="nsqd_http_addresses"):
+        await direct.lag()
+    assert [r.messages for r in await direct.lag(nsqd_http_addresses=[nsqd.http])] == [4]
+    blocking = sync.Consumer(topic, channel, lookupd_http_addresses=lookupds(classic_cluster))
+    lag = await anyio.to_thread.run_sync(blocking.lag)
+    assert [r.messages for r in lag] == [4]
+
+
+@pytest.mark.integration
+def test_prometheus_lag_gauge(classic_cluster) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from smartnsq import sync
+    from smartnsq.observe import prometheus
+
+    topic, channel = unique("lag"), "c"
+    nsqd = classic_cluster.nsqd[0]
+    create_channel(nsqd.http, topic, channel)
+    with sync.Producer(nsqd_tcp_addresses=[nsqd.tcp]) as producer:
+        producer.publish_many(topic, [b"x"] * 6)
+    registry = CollectorRegistry()
+    consumer = sync.Consumer(topic, channel, lookupd_http_addresses=lookupds(classic_cluster))
+    prometheus.register(consumer, registry, lag_interval=0.05)
+    labels = {"topic": topic, "channel": channel, "nsqd": nsqd.http, "partition": ""}
+    try:
+        wait_for(
+            lambda: registry.get_sample_value("smartnsq_consumer_lag_messages", labels) == 6,
+            what="the lag gauge",
+        )
+        with consumer:
+            for n, message in enumerate(consumer, 1):
+                message.finish()
+                if n == 6:
+                    break
+        wait_for(
+            lambda: registry.get_sample_value("smartnsq_consumer_lag_messages", labels) == 0,
+            what="the lag gauge after consuming",
+        )
+    finally:
+        prometheus.unregister(consumer, registry)
+    assert registry.get_sample_value("smartnsq_consumer_lag_messages", labels) is None
