@@ -18,8 +18,14 @@ Attributes follow OpenTelemetry's messaging conventions: ``messaging.system`` ``
 partitions). NSQ-specific ones: ``messaging.nsq.trace_id`` (the Youzan trace id, a decimal
 string: it may not fit OpenTelemetry's signed 64-bit integers), ``messaging.nsq.attempts``
 and ``messaging.nsq.requeued`` (the handler returned ``False``). A handler's exception is
-recorded on its span, which is then marked as an error. No trace context travels inside
-messages: NSQ messages have no headers for it.
+recorded on its span, which is then marked as an error.
+
+Trace context travels in Youzan ext headers (JSON): a handler's span continues the trace of
+the message's W3C ``traceparent`` (and ``tracestate``) header: it is the publish span's child,
+with a link to it as well, as OpenTelemetry's messaging conventions have it. The header is read
+through OpenTelemetry's propagator API, so a propagator the application configured is the one
+used, and a header set by any other client (Youzan's go-nsq, the Java SDK) counts alike.
+Classic nsqd has no message headers: there a handler's span starts a trace of its own.
 """
 
 from __future__ import annotations
@@ -30,12 +36,13 @@ from collections.abc import Awaitable, Callable, Sized
 from contextlib import AbstractContextManager
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Tracer, TracerProvider
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanKind, Tracer, TracerProvider
 
 from smartnsq._version import __version__
 from smartnsq.consumer import Consumer, _is_async
-from smartnsq.errors import InvalidArgument, InvalidType, NSQError
+from smartnsq.errors import InvalidArgument, InvalidType, NSQError, ProtocolError
 from smartnsq.message import Message
 from smartnsq.producer import Producer
 from smartnsq.protocol.message import PublishResult
@@ -251,6 +258,22 @@ def _process_attributes(msg: Message, topic: str, channel: str) -> dict[str, Any
     return attributes
 
 
+def _upstream(msg: Message) -> tuple[Context | None, list[Link] | None]:
+    """The trace context a message's ext header carries (its publish span), if any."""
+    if not msg.ext:
+        return None, None
+    try:
+        headers = msg.headers
+    except ProtocolError:
+        return None, None
+    carrier = {k: v for k, v in headers.items() if isinstance(v, str)}
+    context = propagate.extract(carrier)
+    parent = trace.get_current_span(context).get_span_context()
+    if not parent.is_valid:
+        return None, None
+    return context, [Link(parent)]
+
+
 def _outcome(span: Span, value: object) -> None:
     if value is False:
         span.set_attribute("messaging.nsq.requeued", True)
@@ -265,8 +288,9 @@ def _traced_handler(
         @functools.wraps(handler)
         async def traced_async(msg: Message) -> Any:
             attributes = _process_attributes(msg, topic, channel)
+            context, links = _upstream(msg)
             with tracer.start_as_current_span(
-                name, kind=SpanKind.CONSUMER, attributes=attributes
+                name, context, SpanKind.CONSUMER, attributes, links
             ) as span:
                 value = await handler(msg)
                 _outcome(span, value)
@@ -278,8 +302,9 @@ def _traced_handler(
         @functools.wraps(handler)
         def traced_sync(msg: Message) -> Any:
             attributes = _process_attributes(msg, topic, channel)
+            context, links = _upstream(msg)
             with tracer.start_as_current_span(
-                name, kind=SpanKind.CONSUMER, attributes=attributes
+                name, context, SpanKind.CONSUMER, attributes, links
             ) as span:
                 value = handler(msg)
                 if inspect.isawaitable(value):  # forwarded to an async function: its result
