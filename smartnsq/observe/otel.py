@@ -20,8 +20,12 @@ string: it may not fit OpenTelemetry's signed 64-bit integers), ``messaging.nsq.
 and ``messaging.nsq.requeued`` (the handler returned ``False``). A handler's exception is
 recorded on its span, which is then marked as an error.
 
-Trace context travels in Youzan ext headers (JSON): a handler's span continues the trace of
-the message's W3C ``traceparent`` (and ``tracestate``) header: it is the publish span's child,
+Trace context travels in Youzan ext headers (JSON). An instrumented producer injects the
+publish span's context (W3C ``traceparent``, and ``tracestate`` when set) into the header of
+every message it sends to an ext topic: one published with ``headers=`` or a tag, or one that
+lookupd's topic metadata marks as ext (:meth:`smartnsq.Producer.is_ext_topic`); deferred
+publishes and ``trace_ids=`` batches carry no headers. A handler's span continues the trace of
+the message's header: it is the publish span's child,
 with a link to it as well, as OpenTelemetry's messaging conventions have it. The header is read
 through OpenTelemetry's propagator API, so a propagator the application configured is the one
 used, and a header set by any other client (Youzan's go-nsq, the Java SDK) counts alike.
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Sized
+from collections.abc import Awaitable, Callable, Mapping, Sized
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -189,12 +193,44 @@ def _batch_size(bodies: object) -> int | None:
     return None  # an iterator: not consumed here
 
 
+def _ext_wanted(kwargs: dict[str, Any]) -> bool | None:
+    """Whether a publish goes out with ext headers (then trace context rides along): True,
+    False (a deferred or traced-batch publish has no headers), or None: ask the producer
+    whether the topic is an ext topic."""
+    if kwargs.get("delay") or kwargs.get("trace_ids") is not None:
+        return False
+    if any(kwargs.get(k) is not None for k in ("headers", "tag", "tags")):
+        return True
+    return None
+
+
+def _with_context(headers: Any, many: bool) -> Any:
+    """``headers`` with the current (publish span's) context injected, through the
+    application's propagator; for publish_many, into every message's header."""
+    if many and headers is not None and not isinstance(headers, Mapping):
+        return [_with_context(h, False) for h in headers]
+    carrier: dict[str, Any] = dict(headers or {})
+    propagate.inject(carrier)
+    return carrier
+
+
 def _instrument_async_producer(producer: Producer, tracer: Tracer) -> None:
     publish, publish_many = producer.publish, producer.publish_many
+
+    async def carry(topic: str, kwargs: dict[str, Any], many: bool) -> None:
+        wanted = _ext_wanted(kwargs)
+        if wanted is None:
+            try:
+                wanted = await producer.is_ext_topic(topic)
+            except NSQError:  # the publish says what is wrong
+                wanted = False
+        if wanted:
+            kwargs["headers"] = _with_context(kwargs.get("headers"), many)
 
     @functools.wraps(publish)
     async def traced_publish(topic: str, body: bytes, **kwargs: Any) -> PublishResult | None:
         with _publish_span(tracer, topic, kwargs, body=body) as span:
+            await carry(topic, kwargs, False)
             result = await publish(topic, body, **kwargs)
             _on_result(span, result)
             return result
@@ -204,6 +240,7 @@ def _instrument_async_producer(producer: Producer, tracer: Tracer) -> None:
         topic: str, bodies: Any, **kwargs: Any
     ) -> list[PublishResult] | None:
         with _publish_span(tracer, topic, kwargs, bodies=bodies) as span:
+            await carry(topic, kwargs, True)
             results = await publish_many(topic, bodies, **kwargs)
             _on_result(span, results)
             return results
@@ -215,9 +252,20 @@ def _instrument_async_producer(producer: Producer, tracer: Tracer) -> None:
 def _instrument_sync_producer(producer: SyncProducer, tracer: Tracer) -> None:
     publish, publish_many = producer.publish, producer.publish_many
 
+    def carry(topic: str, kwargs: dict[str, Any], many: bool) -> None:
+        wanted = _ext_wanted(kwargs)
+        if wanted is None:
+            try:
+                wanted = producer.is_ext_topic(topic)
+            except NSQError:
+                wanted = False
+        if wanted:
+            kwargs["headers"] = _with_context(kwargs.get("headers"), many)
+
     @functools.wraps(publish)
     def traced_publish(topic: str, body: bytes, **kwargs: Any) -> PublishResult | None:
         with _publish_span(tracer, topic, kwargs, body=body) as span:
+            carry(topic, kwargs, False)
             result = publish(topic, body, **kwargs)
             _on_result(span, result)
             return result
@@ -225,6 +273,7 @@ def _instrument_sync_producer(producer: SyncProducer, tracer: Tracer) -> None:
     @functools.wraps(publish_many)
     def traced_publish_many(topic: str, bodies: Any, **kwargs: Any) -> list[PublishResult] | None:
         with _publish_span(tracer, topic, kwargs, bodies=bodies) as span:
+            carry(topic, kwargs, True)
             results = publish_many(topic, bodies, **kwargs)
             _on_result(span, results)
             return results
