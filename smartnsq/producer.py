@@ -117,6 +117,9 @@ class Producer(ProducerCore[_Node]):
         """Whether ``topic`` carries Youzan ext headers (JSON ``headers=``), as lookupd's
         topic metadata says; asked once and cached like the topic's layout.
 
+        Args:
+            topic: The topic.
+
         Returns:
             True for a Youzan ext topic; False for any other, for a topic no lookupd knows
             yet, and for a Producer without ``lookupd_http_addresses`` (nothing to ask).
@@ -134,7 +137,7 @@ class Producer(ProducerCore[_Node]):
                 layout = await self._lookup.refresh(topic, "w")
             except TopicNotFound:
                 return False
-        return self.ext_layout(layout)
+        return self._ext_layout(layout)
 
     async def publish(
         self,

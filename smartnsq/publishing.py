@@ -341,7 +341,7 @@ class ProducerCore(PublishPlanner, Generic[N]):
         )
 
     @staticmethod
-    def ext_layout(layout: TopicLayout) -> bool:
+    def _ext_layout(layout: TopicLayout) -> bool:
         """Whether a topic's write layout says it carries Youzan ext headers."""
         return bool(layout.meta is not None and layout.meta.extend_support)
 

@@ -239,7 +239,15 @@ class Consumer:
     ) -> list[ChannelLag]:
         """How many messages this channel has not consumed yet (see
         [`smartnsq.Consumer.lag`][smartnsq.Consumer.lag]); it may be called before
-        [`start`][smartnsq.sync.Consumer.start] and from any thread.
+        [`start`][smartnsq.sync.Consumer.start] and from any thread that is not running an
+        event loop.
+
+        Args:
+            nsqd_http_addresses: nsqd HTTP addresses to ask; needed without a lookupd.
+            timeout: Seconds for the whole call.
+
+        Returns:
+            One [`ChannelLag`][smartnsq.lag.ChannelLag] per nsqd or partition.
 
         Raises:
             InvalidArgument: No lookupd and no ``nsqd_http_addresses`` to ask.

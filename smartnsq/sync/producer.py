@@ -103,6 +103,12 @@ class Producer(ProducerCore[_Node]):
         [`smartnsq.Producer.is_ext_topic`][smartnsq.Producer.is_ext_topic]); the lookup takes
         at most the Producer's ``timeout``.
 
+        Args:
+            topic: The topic.
+
+        Returns:
+            True for a Youzan ext topic, else False.
+
         Raises:
             InvalidTopic: A bad topic name.
             LookupFailed: No lookupd answered.
@@ -115,7 +121,7 @@ class Producer(ProducerCore[_Node]):
             layout = self._layout(topic, False, time.monotonic() + self.timeout)
         except TopicNotFound:
             return False
-        return self.ext_layout(layout)
+        return self._ext_layout(layout)
 
     def publish(
         self,
