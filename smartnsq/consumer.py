@@ -59,6 +59,7 @@ from smartnsq.errors import (
 )
 from smartnsq.idle import IdleWorkers
 from smartnsq.inbox import Inbox
+from smartnsq.lag import ChannelLag, channel_lag
 from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import Node
@@ -763,6 +764,40 @@ class Consumer:
         """
         counts = self._received, self._finished, self._requeued, self._discarded
         return consumer_stats(*counts, self._backoff.level, list(self._readers.values()))
+
+    async def lag(
+        self, *, nsqd_http_addresses: Sequence[str] = (), timeout: float = 10.0
+    ) -> list[ChannelLag]:
+        """How many messages this channel has not consumed yet, per nsqd (classic) or
+        partition (Youzan), as nsqd tells it now (see [`channel_lag`][smartnsq.lag.channel_lag]).
+
+        Args:
+            nsqd_http_addresses: nsqd HTTP addresses to ask; needed when the consumer reads
+                ``nsqd_tcp_addresses`` without a lookupd (the TCP connection does not tell
+                nsqd's HTTP port). With lookupds, the topic's nsqd are found through them.
+            timeout: Seconds for the whole call.
+
+        Returns:
+            One [`ChannelLag`][smartnsq.lag.ChannelLag] per nsqd or partition.
+
+        Raises:
+            InvalidArgument: No lookupd and no ``nsqd_http_addresses`` to ask.
+            LookupFailed: No lookupd answered.
+            NsqdHttpFailed: No nsqd answered.
+        """
+        lookupds = self._lookup.seeds if self._lookup is not None else []
+        if not lookupds and not nsqd_http_addresses:
+            raise InvalidArgument(
+                "this Consumer reads nsqd_tcp_addresses without a lookupd: pass lag() their "
+                "nsqd_http_addresses (a TCP connection does not tell nsqd's HTTP port)"
+            )
+        return await channel_lag(
+            self.topic,
+            self.channel,
+            lookupd_http_addresses=lookupds,
+            nsqd_http_addresses=nsqd_http_addresses,
+            timeout=timeout,
+        )
 
     # -- pulling ---------------------------------------------------------------------------------
 

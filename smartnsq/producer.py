@@ -20,9 +20,11 @@ from smartnsq.errors import (
     NSQError,
     NSQTimeout,
     ServerError,
+    TopicNotFound,
 )
 from smartnsq.ordered.sharding import ShardingKey
 from smartnsq.protocol.message import PublishResult
+from smartnsq.publish_plan import ManyHeaders
 from smartnsq.publishing import (
     DEFAULT_MAX_BODY_SIZE,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -110,6 +112,32 @@ class Producer(ProducerCore[_Node]):
             await self._tg.__aexit__(None, None, None)
 
     # -- publishing ------------------------------------------------------------------------------
+
+    async def is_ext_topic(self, topic: str) -> bool:
+        """Whether ``topic`` carries Youzan ext headers (JSON ``headers=``), as lookupd's
+        topic metadata says; asked once and cached like the topic's layout.
+
+        Args:
+            topic: The topic.
+
+        Returns:
+            True for a Youzan ext topic; False for any other, for a topic no lookupd knows
+            yet, and for a Producer without ``lookupd_http_addresses`` (nothing to ask).
+
+        Raises:
+            InvalidTopic: A bad topic name.
+            LookupFailed: No lookupd answered.
+        """
+        self._check_topic(topic)
+        if self._lookup is None:
+            return False
+        layout = self._lookup.cached(topic, "w")
+        if layout is None:
+            try:
+                layout = await self._lookup.refresh(topic, "w")
+            except TopicNotFound:
+                return False
+        return self._ext_layout(layout)
 
     async def publish(
         self,
@@ -210,6 +238,7 @@ class Producer(ProducerCore[_Node]):
         trace_ids: Sequence[int] | None = None,
         tags: Sequence[str | None] | None = None,
         timeout: float | None = None,
+        headers: ManyHeaders = None,
     ) -> list[PublishResult] | None:
         """Publish several messages with MPUB, split into as few batches as nsqd accepts.
 
@@ -234,6 +263,9 @@ class Producer(ProducerCore[_Node]):
             tags: one dispatch tag (or ``None``) per message, as ``trace_ids`` gives one
                 trace id per message; sent with MPUB_EXT (see ``tag`` of ``publish``).
                 Cannot be combined with ``trace_ids``.
+            headers: Youzan ext topics: the JSON ext header of every message (one mapping),
+                or one mapping (or ``None``) per message; sent with MPUB_EXT. Cannot be
+                combined with ``trace_ids``.
 
         Returns:
             For a traced publish (``trace_ids`` given, or tracing on for the topic), one
@@ -256,7 +288,9 @@ class Producer(ProducerCore[_Node]):
         """
         if self._thread != get_ident() or self._forks != FORKS[0]:
             wrong_owner("Producer", self._thread, self._forks)
-        plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout, tags)
+        plan = self._plan_many(
+            topic, bodies, partition, sharding_key, trace_ids, timeout, tags, headers
+        )
         if type(plan) is bytes:
             count = len(bodies) if type(bodies) is list else mpub_count(topic, plan)
             try:

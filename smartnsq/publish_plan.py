@@ -81,6 +81,24 @@ def _spans(sizes: list[int], max_body_size: int) -> list[tuple[int, int]]:
     return spans
 
 
+ManyHeaders = Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None
+
+
+def _many_headers(headers: ManyHeaders, count: int) -> list[Mapping[str, Any] | None] | None:
+    """publish_many's ``headers``: one mapping for every message, or one (or None) each."""
+    if headers is None or isinstance(headers, Mapping):
+        return None if headers is None else [headers] * count
+    if isinstance(headers, str | bytes) or not isinstance(headers, Iterable):
+        raise InvalidType("headers must be a mapping, or a list with one mapping (or None) each")
+    each = list(headers)
+    if len(each) != count:
+        raise InvalidArgument(
+            f"got {count} messages but {len(each)} headers; give one per message (None for "
+            "none), or one mapping for all"
+        )
+    return each
+
+
 def _ext_headers(
     headers: Mapping[str, Any] | None,
     tag: str | None,
@@ -248,6 +266,7 @@ class PublishPlanner:
         trace_ids: Sequence[int] | None,
         timeout: float | None,
         tags: Sequence[str | None] | None = None,
+        headers: ManyHeaders = None,
     ) -> Batches | bytes:
         """Check a publish_many; one MPUB to send as it is, or the batches."""
         self._check_topic(topic)
@@ -265,6 +284,7 @@ class PublishPlanner:
         if (
             trace_ids is None
             and tags is None
+            and headers is None
             and partition is None
             and sharding_key is None
             and not self._lookupds
@@ -280,8 +300,10 @@ class PublishPlanner:
         same, shortest, longest, total = sizes(lens)
         if shortest == 0:
             raise InvalidArgument("message bodies must not be empty (nsqd rejects them)")
-        if tags is not None or topic in self._compress_topics:
-            ext = self._plan_many_ext(topic, checked, tags, trace_ids, partition, sharding_key)
+        if tags is not None or headers is not None or topic in self._compress_topics:
+            ext = self._plan_many_ext(
+                topic, checked, tags, trace_ids, partition, sharding_key, headers
+            )
             if ext is not None:
                 return ext
         limit = self.max_message_size
@@ -331,8 +353,10 @@ class PublishPlanner:
         trace_ids: Sequence[int] | None,
         partition: int | None,
         sharding_key: ShardingKey | None,
+        headers: ManyHeaders = None,
     ) -> Batches | None:
-        """MPUB_EXT batches for tagged or compressed messages; None when neither applies."""
+        """MPUB_EXT batches for messages with headers, tags or compression; None when none
+        applies."""
         if tags is not None:
             if isinstance(tags, str) or not isinstance(tags, Iterable):
                 raise InvalidType("tags must be a list with one tag (or None) per message")
@@ -348,35 +372,41 @@ class PublishPlanner:
         packs: list[tuple[bytes, dict[str, str]] | None] = [None] * len(bodies)
         if topic in self._compress_topics:
             packs = [self._compress(topic, b) for b in bodies]
-        if tags is None and not any(packs):
+        given = _many_headers(headers, len(bodies))
+        if tags is None and not any(packs) and given is None:
             return None  # nothing to say in an ext header: plain MPUB
         if trace_ids is not None:
             raise InvalidArgument(
-                "trace_ids cannot be combined with tags or compression (MPUB_EXT has no "
-                "traced answer); publish those messages one by one with trace_id="
+                "trace_ids cannot be combined with headers, tags or compression (MPUB_EXT has "
+                "no traced answer); publish those messages one by one with trace_id="
             )
         self._check_routing(partition, sharding_key)
         sent: list[bytes] = []
-        headers: list[dict[str, Any] | None] = []
+        ext: list[dict[str, Any] | None] = []
         lens: list[int] = []
         for i, body in enumerate(bodies):
             tag = None if tags is None else tags[i]
             packed = packs[i]
             if packed is not None:
                 body = packed[0]
-            header = None if tag is None and packed is None else _ext_headers(None, tag, packed)
+            mine = None if given is None else given[i]
+            header = (
+                None
+                if tag is None and packed is None and mine is None
+                else _ext_headers(mine, tag, packed)
+            )
             if len(body) > self.max_message_size:
                 raise MessageTooLarge(
                     f"message of {len(body)} bytes exceeds max_message_size "
                     f"({self.max_message_size}); nothing was sent"
                 )
             sent.append(body)
-            headers.append(header)
+            ext.append(header)
             # [size][header length][header][body]; the header is small JSON, sized as sent
             lens.append(6 + len(commands.json_header(header) if header else b"") + len(body))
         requests = []
         for start, end in _spans(lens, self.max_body_size):
-            build = partial(commands.mpub_ext, topic, sent[start:end], headers[start:end])
+            build = partial(commands.mpub_ext, topic, sent[start:end], ext[start:end])
             requests.append(Request(build, count=end - start, ext=True))
         return Batches(requests, len(bodies), True, False)
 

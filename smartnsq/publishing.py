@@ -340,6 +340,11 @@ class ProducerCore(PublishPlanner, Generic[N]):
             nodes=nodes,
         )
 
+    @staticmethod
+    def _ext_layout(layout: TopicLayout) -> bool:
+        """Whether a topic's write layout says it carries Youzan ext headers."""
+        return bool(layout.meta is not None and layout.meta.extend_support)
+
     def _new_node(self, address: str) -> N:
         raise NotImplementedError
 

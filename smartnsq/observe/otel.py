@@ -18,24 +18,35 @@ Attributes follow OpenTelemetry's messaging conventions: ``messaging.system`` ``
 partitions). NSQ-specific ones: ``messaging.nsq.trace_id`` (the Youzan trace id, a decimal
 string: it may not fit OpenTelemetry's signed 64-bit integers), ``messaging.nsq.attempts``
 and ``messaging.nsq.requeued`` (the handler returned ``False``). A handler's exception is
-recorded on its span, which is then marked as an error. No trace context travels inside
-messages: NSQ messages have no headers for it.
+recorded on its span, which is then marked as an error.
+
+Trace context travels in Youzan ext headers (JSON). An instrumented producer injects the
+publish span's context (W3C ``traceparent``, and ``tracestate`` when set) into the header of
+every message it sends to an ext topic: one published with ``headers=`` or a tag, or one that
+lookupd's topic metadata marks as ext (:meth:`smartnsq.Producer.is_ext_topic`); deferred
+publishes and ``trace_ids=`` batches carry no headers. A handler's span continues the trace of
+the message's header: it is the publish span's child,
+with a link to it as well, as OpenTelemetry's messaging conventions have it. The header is read
+through OpenTelemetry's propagator API, so a propagator the application configured is the one
+used, and a header set by any other client (Youzan's go-nsq, the Java SDK) counts alike.
+Classic nsqd has no message headers: there a handler's span starts a trace of its own.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Sized
+from collections.abc import Awaitable, Callable, Mapping, Sized
 from contextlib import AbstractContextManager
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Tracer, TracerProvider
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanKind, Tracer, TracerProvider
 
 from smartnsq._version import __version__
 from smartnsq.consumer import Consumer, _is_async
-from smartnsq.errors import InvalidArgument, InvalidType, NSQError
+from smartnsq.errors import InvalidArgument, InvalidType, NSQError, ProtocolError
 from smartnsq.message import Message
 from smartnsq.producer import Producer
 from smartnsq.protocol.message import PublishResult
@@ -182,12 +193,44 @@ def _batch_size(bodies: object) -> int | None:
     return None  # an iterator: not consumed here
 
 
+def _ext_wanted(kwargs: dict[str, Any]) -> bool | None:
+    """Whether a publish goes out with ext headers (then trace context rides along): True,
+    False (a deferred or traced-batch publish has no headers), or None: ask the producer
+    whether the topic is an ext topic."""
+    if kwargs.get("delay") or kwargs.get("trace_ids") is not None:
+        return False
+    if any(kwargs.get(k) is not None for k in ("headers", "tag", "tags")):
+        return True
+    return None
+
+
+def _with_context(headers: Any, many: bool) -> Any:
+    """``headers`` with the current (publish span's) context injected, through the
+    application's propagator; for publish_many, into every message's header."""
+    if many and headers is not None and not isinstance(headers, Mapping):
+        return [_with_context(h, False) for h in headers]
+    carrier: dict[str, Any] = dict(headers or {})
+    propagate.inject(carrier)
+    return carrier
+
+
 def _instrument_async_producer(producer: Producer, tracer: Tracer) -> None:
     publish, publish_many = producer.publish, producer.publish_many
+
+    async def carry(topic: str, kwargs: dict[str, Any], many: bool) -> None:
+        wanted = _ext_wanted(kwargs)
+        if wanted is None:
+            try:
+                wanted = await producer.is_ext_topic(topic)
+            except NSQError:  # the publish says what is wrong
+                wanted = False
+        if wanted:
+            kwargs["headers"] = _with_context(kwargs.get("headers"), many)
 
     @functools.wraps(publish)
     async def traced_publish(topic: str, body: bytes, **kwargs: Any) -> PublishResult | None:
         with _publish_span(tracer, topic, kwargs, body=body) as span:
+            await carry(topic, kwargs, False)
             result = await publish(topic, body, **kwargs)
             _on_result(span, result)
             return result
@@ -197,6 +240,7 @@ def _instrument_async_producer(producer: Producer, tracer: Tracer) -> None:
         topic: str, bodies: Any, **kwargs: Any
     ) -> list[PublishResult] | None:
         with _publish_span(tracer, topic, kwargs, bodies=bodies) as span:
+            await carry(topic, kwargs, True)
             results = await publish_many(topic, bodies, **kwargs)
             _on_result(span, results)
             return results
@@ -208,9 +252,20 @@ def _instrument_async_producer(producer: Producer, tracer: Tracer) -> None:
 def _instrument_sync_producer(producer: SyncProducer, tracer: Tracer) -> None:
     publish, publish_many = producer.publish, producer.publish_many
 
+    def carry(topic: str, kwargs: dict[str, Any], many: bool) -> None:
+        wanted = _ext_wanted(kwargs)
+        if wanted is None:
+            try:
+                wanted = producer.is_ext_topic(topic)
+            except NSQError:
+                wanted = False
+        if wanted:
+            kwargs["headers"] = _with_context(kwargs.get("headers"), many)
+
     @functools.wraps(publish)
     def traced_publish(topic: str, body: bytes, **kwargs: Any) -> PublishResult | None:
         with _publish_span(tracer, topic, kwargs, body=body) as span:
+            carry(topic, kwargs, False)
             result = publish(topic, body, **kwargs)
             _on_result(span, result)
             return result
@@ -218,6 +273,7 @@ def _instrument_sync_producer(producer: SyncProducer, tracer: Tracer) -> None:
     @functools.wraps(publish_many)
     def traced_publish_many(topic: str, bodies: Any, **kwargs: Any) -> list[PublishResult] | None:
         with _publish_span(tracer, topic, kwargs, bodies=bodies) as span:
+            carry(topic, kwargs, True)
             results = publish_many(topic, bodies, **kwargs)
             _on_result(span, results)
             return results
@@ -251,6 +307,22 @@ def _process_attributes(msg: Message, topic: str, channel: str) -> dict[str, Any
     return attributes
 
 
+def _upstream(msg: Message) -> tuple[Context | None, list[Link] | None]:
+    """The trace context a message's ext header carries (its publish span), if any."""
+    if not msg.ext:
+        return None, None
+    try:
+        headers = msg.headers
+    except ProtocolError:
+        return None, None
+    carrier = {k: v for k, v in headers.items() if isinstance(v, str)}
+    context = propagate.extract(carrier)
+    parent = trace.get_current_span(context).get_span_context()
+    if not parent.is_valid:
+        return None, None
+    return context, [Link(parent)]
+
+
 def _outcome(span: Span, value: object) -> None:
     if value is False:
         span.set_attribute("messaging.nsq.requeued", True)
@@ -265,8 +337,9 @@ def _traced_handler(
         @functools.wraps(handler)
         async def traced_async(msg: Message) -> Any:
             attributes = _process_attributes(msg, topic, channel)
+            context, links = _upstream(msg)
             with tracer.start_as_current_span(
-                name, kind=SpanKind.CONSUMER, attributes=attributes
+                name, context, SpanKind.CONSUMER, attributes, links
             ) as span:
                 value = await handler(msg)
                 _outcome(span, value)
@@ -278,8 +351,9 @@ def _traced_handler(
         @functools.wraps(handler)
         def traced_sync(msg: Message) -> Any:
             attributes = _process_attributes(msg, topic, channel)
+            context, links = _upstream(msg)
             with tracer.start_as_current_span(
-                name, kind=SpanKind.CONSUMER, attributes=attributes
+                name, context, SpanKind.CONSUMER, attributes, links
             ) as span:
                 value = handler(msg)
                 if inspect.isawaitable(value):  # forwarded to an async function: its result

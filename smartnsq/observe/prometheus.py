@@ -22,21 +22,31 @@ Consumer metrics (labels ``topic``, ``channel``): ``nsq_consumer_received_messag
 ``nsq_consumer_in_flight``, ``nsq_consumer_backoff_level``; per connection (also ``nsqd``,
 ``partition``, empty on classic nsqd): ``nsq_consumer_connection_rdy``,
 ``nsq_consumer_connection_in_flight``, ``nsq_consumer_connection_received_messages_total``.
+
+Consumer lag (labels ``topic``, ``channel``, ``nsqd``, ``partition``):
+``smartnsq_consumer_lag_messages``, the messages the channel has not consumed yet
+(:meth:`smartnsq.Consumer.lag`). Unlike the others it is not read at scrape time: a thread per
+consumer asks nsqd every ``lag_interval`` seconds (HTTP kept off the hot path and the scrape);
+a failed poll keeps the last figures and is logged once.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import anyio
 from prometheus_client.core import REGISTRY, CollectorRegistry, Metric
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 
 from smartnsq.consumer import Consumer
 from smartnsq.errors import InvalidArgument, InvalidType, NSQError
+from smartnsq.lag import ChannelLag
+from smartnsq.observe.lagpoll import LagPoller
 from smartnsq.observe.stats import ConsumerStats, ProducerStats
 from smartnsq.publishing import ProducerCore
 from smartnsq.sync.consumer import Consumer as SyncConsumer
@@ -95,8 +105,16 @@ class NsqCollector:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._clients: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+        self._lag: weakref.WeakKeyDictionary[Any, LagPoller] = weakref.WeakKeyDictionary()
 
-    def add(self, client: Client, labels: Mapping[str, str] | None = None) -> None:
+    def add(
+        self,
+        client: Client,
+        labels: Mapping[str, str] | None = None,
+        *,
+        lag_interval: float | None = None,
+        nsqd_http_addresses: Sequence[str] = (),
+    ) -> None:
         """Expose ``client``'s stats, with ``labels`` on every sample.
 
         Args:
@@ -104,6 +122,9 @@ class NsqCollector:
                 :class:`smartnsq.Consumer` or :class:`smartnsq.sync.Consumer`.
             labels: Extra constant labels (say ``{"app": "billing"}``); needed to tell two
                 producers (or two consumers of one topic and channel) apart.
+            lag_interval: Consumers: seconds between two lag polls; None: no lag gauge.
+            nsqd_http_addresses: Consumers: nsqd HTTP addresses for the lag poll, needed
+                when the consumer has no lookupd.
 
         Raises:
             InvalidType: ``client`` is none of those, or a label is not a string.
@@ -120,11 +141,21 @@ class NsqCollector:
                         "registered: give each a distinct labels={...}"
                     )
             self._clients[client] = fixed
+            if lag_interval is not None and not isinstance(client, ProducerCore):
+                check_interval(lag_interval)
+                old = self._lag.pop(client, None)
+                if old is not None:
+                    old.stop()
+                fetch = _lag_fetch(weakref.ref(client), tuple(nsqd_http_addresses))
+                self._lag[client] = LagPoller(fetch, lag_interval, "/".join(_topic(client)))
 
     def remove(self, client: Client) -> None:
         """Stop exposing ``client`` (nothing happens if it was not added)."""
         with self._lock:
             self._clients.pop(client, None)
+            poller = self._lag.pop(client, None)
+        if poller is not None:
+            poller.stop()
 
     def __len__(self) -> int:
         return len(self._clients)
@@ -141,8 +172,11 @@ class NsqCollector:
 
     def _families(self, clients: Any) -> Iterator[Metric]:
         keys = sorted({k for _, labels in clients for k in labels})
-        producers, consumers = [], []
+        producers, consumers, lags = [], [], []
         for client, labels in clients:
+            poller = self._lag.get(client)
+            if poller is not None:
+                lags.append((poller.last(), [*_topic(client), *[labels.get(k, "") for k in keys]]))
             extra = [labels.get(k, "") for k in keys]
             try:
                 if isinstance(client, ProducerCore):
@@ -153,6 +187,17 @@ class NsqCollector:
                 continue
         yield from _producer_families(producers, keys)
         yield from _consumer_families(consumers, keys)
+        family = GaugeMetricFamily(
+            "smartnsq_consumer_lag_messages",
+            "Messages the channel has not consumed yet (last poll)",
+            labels=["topic", "channel", *keys, "nsqd", "partition"],
+        )
+        for last, extra in lags:
+            for (nsqd, partition), value in sorted(last.items(), key=str):
+                family.add_metric(
+                    [*extra, nsqd, "" if partition is None else str(partition)], value
+                )
+        yield family
 
 
 def _producer_families(
@@ -187,6 +232,32 @@ def _consumer_families(
                 part = "" if node.partition is None else str(node.partition)
                 family.add_metric([*extra, node.address, part], getattr(node, field))
         yield family
+
+
+def check_interval(value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise InvalidArgument(
+            f"lag_interval must be a number of seconds > 0 (or None), not {value!r}"
+        )
+
+
+def _lag_fetch(
+    ref: weakref.ReferenceType[Any], nsqd_http_addresses: tuple[str, ...]
+) -> Callable[[], list[ChannelLag]]:
+    """The poll of one consumer; held weakly, so that a consumer dropped without
+    unregistering ends its poller instead of living on in it."""
+
+    def fetch() -> list[ChannelLag]:
+        client = ref()
+        if client is None:
+            return []
+        if isinstance(client, Consumer):
+            lag = functools.partial(client.lag, nsqd_http_addresses=nsqd_http_addresses)
+            return anyio.run(lag)
+        result: list[ChannelLag] = client.lag(nsqd_http_addresses=nsqd_http_addresses)
+        return result
+
+    return fetch
 
 
 def _topic(client: Consumer | SyncConsumer) -> tuple[str, str]:
@@ -230,6 +301,8 @@ def register(
     registry: CollectorRegistry | None = None,
     *,
     labels: Mapping[str, str] | None = None,
+    lag_interval: float | None = 30.0,
+    nsqd_http_addresses: Sequence[str] = (),
 ) -> NsqCollector:
     """Expose a producer's or consumer's stats in a Prometheus registry.
 
@@ -239,6 +312,10 @@ def register(
         registry: Where to register; prometheus_client's default ``REGISTRY`` if omitted.
         labels: Extra constant labels for this client's samples; two producers (or two
             consumers of the same topic and channel) in one registry need distinct ones.
+        lag_interval: Consumers: seconds between two polls of the consumer's lag
+            (``smartnsq_consumer_lag_messages``), default 30; None: no lag gauge, no poll.
+        nsqd_http_addresses: Consumers without a lookupd: the nsqd HTTP addresses to ask
+            for the lag (without them the poll fails, and says so once in the log).
 
     Returns:
         The registry's :class:`NsqCollector` (one per registry, shared by its clients).
@@ -262,7 +339,9 @@ def register(
         if collector is None:
             collector = _collectors[registry] = NsqCollector()
             registry.register(collector)
-    collector.add(client, labels)
+    collector.add(
+        client, labels, lag_interval=lag_interval, nsqd_http_addresses=nsqd_http_addresses
+    )
     return collector
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import queue
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
+from functools import partial
 from typing import Any
 
 import anyio
@@ -19,7 +20,8 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from smartnsq.consumer import Consumer as AsyncConsumer
 from smartnsq.consumer import Handler
-from smartnsq.errors import InvalidType, NSQError
+from smartnsq.errors import InvalidArgument, InvalidType, NSQError
+from smartnsq.lag import ChannelLag, channel_lag
 from smartnsq.message import Message
 from smartnsq.observe.stats import ConsumerStats
 
@@ -231,6 +233,44 @@ class Consumer:
         if self._consumer is None:
             raise NSQError("the Consumer is not started")
         return self._consumer.stats()
+
+    def lag(
+        self, *, nsqd_http_addresses: Sequence[str] = (), timeout: float = 10.0
+    ) -> list[ChannelLag]:
+        """How many messages this channel has not consumed yet (see
+        [`smartnsq.Consumer.lag`][smartnsq.Consumer.lag]); it may be called before
+        [`start`][smartnsq.sync.Consumer.start] and from any thread that is not running an
+        event loop.
+
+        Args:
+            nsqd_http_addresses: nsqd HTTP addresses to ask; needed without a lookupd.
+            timeout: Seconds for the whole call.
+
+        Returns:
+            One [`ChannelLag`][smartnsq.lag.ChannelLag] per nsqd or partition.
+
+        Raises:
+            InvalidArgument: No lookupd and no ``nsqd_http_addresses`` to ask.
+            LookupFailed: No lookupd answered.
+            NsqdHttpFailed: No nsqd answered.
+        """
+        topic, channel = self._args
+        lookupds = self._options.get("lookupd_http_addresses", ())
+        if not lookupds and not nsqd_http_addresses:
+            raise InvalidArgument(
+                "this Consumer reads nsqd_tcp_addresses without a lookupd: pass lag() their "
+                "nsqd_http_addresses (a TCP connection does not tell nsqd's HTTP port)"
+            )
+        return anyio.run(
+            partial(
+                channel_lag,
+                topic,
+                channel,
+                lookupd_http_addresses=lookupds,
+                nsqd_http_addresses=nsqd_http_addresses,
+                timeout=timeout,
+            )
+        )
 
     # -- the loop's side -------------------------------------------------------------------------
 

@@ -16,11 +16,13 @@ from smartnsq.errors import (
     NSQError,
     NSQTimeout,
     ServerError,
+    TopicNotFound,
     UsedAfterFork,
 )
 from smartnsq.lookup.model import TopicLayout
 from smartnsq.ordered.sharding import ShardingKey
 from smartnsq.protocol.message import PublishResult
+from smartnsq.publish_plan import ManyHeaders
 from smartnsq.publishing import (
     BatchRun,
     Build,
@@ -96,6 +98,31 @@ class Producer(ProducerCore[_Node]):
 
     # -- publishing ------------------------------------------------------------------------------
 
+    def is_ext_topic(self, topic: str) -> bool:
+        """Whether ``topic`` carries Youzan ext headers (see
+        [`smartnsq.Producer.is_ext_topic`][smartnsq.Producer.is_ext_topic]); the lookup takes
+        at most the Producer's ``timeout``.
+
+        Args:
+            topic: The topic.
+
+        Returns:
+            True for a Youzan ext topic, else False.
+
+        Raises:
+            InvalidTopic: A bad topic name.
+            LookupFailed: No lookupd answered.
+            NSQTimeout: The lookup took longer than ``timeout``.
+        """
+        self._check_topic(topic)
+        if self._lookup is None:
+            return False
+        try:
+            layout = self._layout(topic, False, time.monotonic() + self.timeout)
+        except TopicNotFound:
+            return False
+        return self._ext_layout(layout)
+
     def publish(
         self,
         topic: str,
@@ -168,6 +195,7 @@ class Producer(ProducerCore[_Node]):
         trace_ids: Sequence[int] | None = None,
         tags: Sequence[str | None] | None = None,
         timeout: float | None = None,
+        headers: ManyHeaders = None,
     ) -> list[PublishResult] | None:
         """Publish several messages with MPUB, split into as few batches as nsqd accepts.
 
@@ -182,6 +210,8 @@ class Producer(ProducerCore[_Node]):
             trace_ids: Youzan: one trace id per message (MPUB_TRACE).
             tags: one dispatch tag (or ``None``) per message (MPUB_EXT).
             timeout: Seconds each batch may take, retries included.
+            headers: Youzan ext topics: one JSON ext header for every message, or one (or
+                ``None``) per message (MPUB_EXT).
 
         Returns:
             For a traced publish, one [`PublishResult`][smartnsq.PublishResult] per batch;
@@ -194,7 +224,9 @@ class Producer(ProducerCore[_Node]):
                 ``NoNsqdAvailable``, ``ServerError``, ``ConnectionClosed``.
         """
         self._check_usable()
-        plan = self._plan_many(topic, bodies, partition, sharding_key, trace_ids, timeout, tags)
+        plan = self._plan_many(
+            topic, bodies, partition, sharding_key, trace_ids, timeout, tags, headers
+        )
         if type(plan) is bytes:
             data = plan
             count = len(bodies) if type(bodies) is list else mpub_count(topic, data)

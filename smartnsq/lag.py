@@ -1,0 +1,179 @@
+"""How far a channel is behind its topic: the messages it has not consumed yet.
+
+On a Youzan HA cluster that is, per partition, the partition's end minus the channel's
+consumed position (both message counts, from the partition leader's ``/stats``). On classic
+nsqd it is, per nsqd, the channel's ``depth`` (waiting in memory and on disk) plus its
+``in_flight_count`` and ``deferred_count`` (delivered or requeued, not finished), from that
+nsqd's ``/stats``. Neither is a live count: it is what nsqd said at the moment of asking.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from smartnsq._checks import check_addresses, check_number
+from smartnsq.errors import InvalidArgument, NsqdHttpFailed, NSQError, NSQTimeout
+from smartnsq.http import HttpClient, HttpError
+from smartnsq.lookup.client import ACCEPT, check_lookupd_addresses
+from smartnsq.lookup.manager import LookupManager
+from smartnsq.lookup.model import Node, loads, unwrap
+from smartnsq.offsets import http_address, read_partition
+from smartnsq.protocol.names import validate_channel, validate_topic
+
+__all__ = ["ChannelLag", "channel_lag"]
+
+log = logging.getLogger("smartnsq.lag")
+
+MAX_ANSWER = 16 << 20  # /stats filtered to one topic and channel is a few kilobytes
+
+
+@dataclass(frozen=True)
+class ChannelLag:
+    """The lag of a channel on one nsqd (classic) or one partition (Youzan).
+
+    Attributes:
+        topic: The topic.
+        channel: The channel.
+        nsqd: HTTP address (``host:port``) of the nsqd that was asked.
+        partition: The Youzan partition; None on classic nsqd.
+        messages: Messages the channel has not consumed yet; None when it could not be told
+            (the channel or topic does not exist there, or the nsqd did not answer: see
+            ``error``).
+        error: Why ``messages`` is None after a failed request, else None.
+    """
+
+    topic: str
+    channel: str
+    nsqd: str
+    partition: int | None
+    messages: int | None
+    error: str | None = None
+
+
+async def channel_lag(
+    topic: str,
+    channel: str,
+    *,
+    lookupd_http_addresses: Sequence[str] = (),
+    nsqd_http_addresses: Sequence[str] = (),
+    timeout: float = 10.0,
+) -> list[ChannelLag]:
+    """The lag of ``channel`` on every nsqd (and Youzan partition) that holds ``topic``.
+
+    Args:
+        topic: The topic.
+        channel: The channel.
+        lookupd_http_addresses: Find the topic's nsqd (or partition leaders) through these.
+        nsqd_http_addresses: nsqd HTTP addresses (``host:port``) to ask as well (classic).
+        timeout: Seconds for the whole call.
+
+    Returns:
+        One :class:`ChannelLag` per nsqd (classic) or partition (Youzan), sorted by nsqd and
+        partition. An nsqd that fails gives an entry with ``messages=None`` and ``error``:
+        one bad node does not hide the others.
+
+    Raises:
+        InvalidArgument: A bad name, address or timeout, or no address at all (nothing was
+            asked).
+        LookupFailed: No lookupd answered.
+        NsqdHttpFailed: Every nsqd asked failed.
+        NSQTimeout: It took longer than ``timeout``.
+    """
+    topic = validate_topic(topic)
+    channel = validate_channel(channel)
+    lookupds = check_lookupd_addresses(
+        check_addresses("lookupd_http_addresses", lookupd_http_addresses)
+    )
+    nsqds = check_addresses("nsqd_http_addresses", nsqd_http_addresses)
+    if not lookupds and not nsqds:
+        raise InvalidArgument(
+            "channel_lag needs lookupd_http_addresses or nsqd_http_addresses (or both)"
+        )
+    check_number("timeout", timeout, above=0)
+    results: list[ChannelLag] = []
+    with anyio.move_on_after(timeout):
+        client = HttpClient(connect_timeout=min(2.0, timeout))
+        classic: dict[str, None] = dict.fromkeys(nsqds)
+        partitions: dict[int, Node] = {}
+        if lookupds:
+            async with LookupManager(lookupds, timeout=min(timeout, 5.0)) as manager:
+                layout = await manager.lookup(topic, "r")
+            partitions = dict(layout.partitions)
+            if not partitions:
+                classic.update(dict.fromkeys(http_address(n) for n in layout.producers))
+
+        async def youzan(partition: int, node: Node) -> None:
+            results.append(await _partition_lag(client, topic, channel, partition, node))
+
+        async def one(address: str) -> None:
+            results.append(await _nsqd_lag(client, topic, channel, address))
+
+        async with anyio.create_task_group() as tg:
+            for partition, node in partitions.items():
+                tg.start_soon(youzan, partition, node)
+            for address in classic:
+                tg.start_soon(one, address)
+        if results and all(r.error is not None for r in results):
+            raise NsqdHttpFailed(
+                f"no nsqd told the lag of {topic}/{channel}: "
+                + "; ".join(f"{r.nsqd}: {r.error}" for r in results)
+            )
+        return sorted(results, key=lambda r: (r.nsqd, -1 if r.partition is None else r.partition))
+    raise NSQTimeout(f"the lag of {topic}/{channel} took longer than {timeout}s")
+
+
+async def _partition_lag(
+    client: HttpClient, topic: str, channel: str, partition: int, node: Node
+) -> ChannelLag:
+    http = http_address(node)
+    try:
+        p = await read_partition(client, topic, partition, node, channel)
+    except NSQError as exc:
+        return ChannelLag(topic, channel, http, partition, None, str(exc))
+    if p.channel_count is None or p.end_count is None:
+        return ChannelLag(topic, channel, http, partition, None)
+    return ChannelLag(topic, channel, http, partition, max(0, p.end_count - p.channel_count))
+
+
+async def _nsqd_lag(client: HttpClient, topic: str, channel: str, address: str) -> ChannelLag:
+    url = f"http://{address}/stats"
+    params = {"format": "json", "topic": topic, "channel": channel}
+    try:
+        r = await client.get(url, params, ACCEPT, max_size=MAX_ANSWER)
+        if r.status != 200:
+            text = r.body[:200].decode("utf-8", "replace")
+            raise NsqdHttpFailed(f"HTTP {r.status}: {text}")
+        lag = classic_lag(unwrap(loads(r.body)), topic, channel)
+    except (HttpError, NsqdHttpFailed, ValueError, RecursionError) as exc:
+        return ChannelLag(topic, channel, address, None, None, f"{exc!s:.200}")
+    return ChannelLag(topic, channel, address, None, lag)
+
+
+def classic_lag(stats: Any, topic: str, channel: str) -> int | None:
+    """``depth + in_flight_count + deferred_count`` of ``topic/channel`` in a classic nsqd's
+    ``/stats`` answer; None when that nsqd has no such channel. ValueError when the answer
+    is not nsqd's stats."""
+    # A filter that matches no topic: nsqd answers "topics": null.
+    if not isinstance(stats, dict) or not isinstance(stats.get("topics", ()), list | None):
+        raise ValueError("not an nsqd /stats answer (no topics list)")
+    if "topics" not in stats and "version" not in stats:
+        raise ValueError("not an nsqd /stats answer (no topics list)")
+    for t in stats.get("topics") or ():
+        if not isinstance(t, dict) or t.get("topic_name") != topic:
+            continue
+        for c in t.get("channels") or ():
+            if isinstance(c, dict) and c.get("channel_name") == channel:
+                return sum(_count(c, k) for k in ("depth", "in_flight_count", "deferred_count"))
+    return None
+
+
+def _count(entry: dict[str, Any], key: str) -> int:
+    value = entry.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key} is not a count: {value!r}")
+    return value
