@@ -17,11 +17,16 @@ _EXTRA_HINT = "smartnsq: the command line needs extra packages: pip install 'sma
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``smartnsq`` console script and of ``python -m smartnsq``."""
     try:
-        import click  # noqa: F401
-        import rich  # noqa: F401
-    except ImportError:
-        print(_EXTRA_HINT, file=sys.stderr)
-        sys.exit(1)
-    from smartnsq.cli.app import run
+        try:
+            import click  # noqa: F401
+            import rich  # noqa: F401
+        except ImportError:
+            print(_EXTRA_HINT, file=sys.stderr)
+            sys.exit(1)
+        from smartnsq.cli.app import run
 
-    sys.exit(run(argv))
+        status = run(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C while the command is still loading: quietly, like one that is running.
+        status = 130
+    sys.exit(status)
