@@ -16,14 +16,16 @@ __all__ = ["flag_words", "parse_duration", "pass_through"]
 
 # Longest first: "lookupd_http_addresses" before "lookupd".
 _WORDS = [
+    (r"\(tls=True\)", "(--tls)"),
+    (r"\bpass tls=True\b", "give --tls"),
+    (r"\buse tls=True\b", "use --tls"),
     (r"\btls=True\b", "--tls"),
     (r"\blookupd_http_addresses\b", "--lookupd"),
     (r"\bnsqd_tcp_addresses\b", "--nsqd"),
     (r"\bauth_secret\b", "--auth-secret"),
     (r"\bauth_over_plaintext=False\b", "--producer-opt auth_over_plaintext=false"),
     (r"\bsharding_key\b", "--key"),
-    (r"\bpartition=", "--partition"),
-    (r"\bpass partition= yourself\b", "give --partition"),
+    (r"\bwithout partition=", "without --partition"),
     (r"\bpublish without delay\b", "publish without --delay"),
 ]
 
