@@ -18,7 +18,7 @@ from smartnsq.errors import NSQError
 from smartnsq.http import HttpClient, HttpError
 from smartnsq.lookup.manager import LookupManager
 
-__all__ = ["Node", "Sample", "Snapshot", "find_nodes", "sample", "summarize"]
+__all__ = ["Node", "Sample", "Snapshot", "find_nodes", "host_port", "sample", "summarize"]
 
 ACCEPT = {"Accept": "application/vnd.nsq; version=1.0"}
 TIMEOUT = 5.0
@@ -64,6 +64,13 @@ async def _get_json(client: HttpClient, url: str) -> Any:
     return body
 
 
+def host_port(host: str, port: object) -> str:
+    """``host:port``, with an IPv6 address in brackets (``[::1]:4151``), as URLs need."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
 async def find_nodes(client: HttpClient, lookupds: list[str], nsqd_http: list[str]) -> list[Node]:
     """Every nsqd a lookupd knows (asking each lookupd of the cluster), plus ``nsqd_http``."""
     nodes: dict[str, Node] = {a: Node(http=a) for a in nsqd_http}
@@ -82,11 +89,11 @@ async def find_nodes(client: HttpClient, lookupds: list[str], nsqd_http: list[st
             errors.append(f"{url}: {exc}")
             continue
         for p in (body or {}).get("producers") or []:
-            host = p.get("broadcast_address", "")
-            http = f"{host}:{p.get('http_port')}"
+            host = str(p.get("broadcast_address", ""))
+            http = host_port(host, p.get("http_port"))
             nodes[http] = Node(
                 http=http,
-                tcp=f"{host}:{p.get('tcp_port')}",
+                tcp=host_port(host, p.get("tcp_port")),
                 version=str(p.get("version", "")),
                 hostname=str(p.get("hostname", "")),
             )

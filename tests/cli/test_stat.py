@@ -79,3 +79,21 @@ def test_stat_watch_reports_the_publish_rate_until_ctrl_c(classic_cluster):
     watch.send_signal(signal.SIGINT)
     assert wait_exit(watch) == 0
     assert json.loads(reader.lines[-1])["topics"][0]["messages"] == 31
+
+
+def test_stat_brackets_ipv6_addresses_from_lookupd(cluster_factory):
+    # nsqd announces ::1 to lookupd; it listens on 127.0.0.1 only, so its /stats cannot be
+    # read at the announced address: what matters here is how the address is written and
+    # that it was tried as an address (a refused connection, not a malformed URL).
+    cluster = cluster_factory(kind="classic", nsqd=1, nsqd_args=["--broadcast-address=::1"])
+    nsqd = cluster.nsqd[0]
+    result = run_cli("stat", *addresses(cluster), "--json", "--nsqd-http", nsqd.http)
+    assert result.returncode == 0, result.stderr
+    nodes = {n["http"]: n for n in json.loads(result.stdout)["nodes"]}
+    http_port, tcp_port = nsqd.http.rpartition(":")[2], nsqd.tcp.rpartition(":")[2]
+    v6 = nodes[f"[::1]:{http_port}"]
+    assert v6["tcp"] == f"[::1]:{tcp_port}"
+    assert "refused" in v6["error"].lower() or "connect" in v6["error"].lower(), v6["error"]
+    assert nodes[nsqd.http]["health"] == "OK"
+    table = run_cli("stat", *addresses(cluster), "--nsqd-http", nsqd.http, "--interval", "0.1")
+    assert f"[::1]:{tcp_port}" in table.stdout.decode(), table.stdout
