@@ -18,7 +18,16 @@ from smartnsq.errors import NSQError
 from smartnsq.http import HttpClient, HttpError
 from smartnsq.lookup.manager import LookupManager
 
-__all__ = ["Node", "Sample", "Snapshot", "find_nodes", "host_port", "sample", "summarize"]
+__all__ = [
+    "Node",
+    "Sample",
+    "Snapshot",
+    "find_nodes",
+    "get_json",
+    "host_port",
+    "sample",
+    "summarize",
+]
 
 ACCEPT = {"Accept": "application/vnd.nsq; version=1.0"}
 TIMEOUT = 5.0
@@ -53,7 +62,7 @@ class Snapshot:
     interval: float
 
 
-async def _get_json(client: HttpClient, url: str) -> Any:
+async def get_json(client: HttpClient, url: str) -> Any:
     with anyio.fail_after(TIMEOUT):
         response = await client.get(url, None, ACCEPT, max_size=MAX_ANSWER)
     if response.status != 200:
@@ -84,7 +93,7 @@ async def find_nodes(client: HttpClient, lookupds: list[str], nsqd_http: list[st
     errors: list[str] = []
     for url in urls:
         try:
-            body = await _get_json(client, f"{url}/nodes")
+            body = await get_json(client, f"{url}/nodes")
         except (CliError, HttpError, TimeoutError, ValueError) as exc:
             errors.append(f"{url}: {exc}")
             continue
@@ -109,7 +118,7 @@ async def sample(client: HttpClient, nodes: list[Node], topic: str | None) -> Sa
 
     async def one(node: Node) -> None:
         try:
-            result.stats[node.http] = await _get_json(client, f"http://{node.http}/stats{query}")
+            result.stats[node.http] = await get_json(client, f"http://{node.http}/stats{query}")
         except (CliError, HttpError, TimeoutError, ValueError) as exc:
             result.errors[node.http] = str(exc) or type(exc).__name__
 
