@@ -15,7 +15,7 @@ from smartnsq import Consumer, Message
 from smartnsq.cli.options import Common, common, common_options
 from smartnsq.cli.output import configure_logging, print_json
 from smartnsq.cli.reach import check_reachable
-from smartnsq.cli.topics import TopicRunner
+from smartnsq.cli.topics import TopicRunner, serving
 from smartnsq.cli.words import pass_through
 from smartnsq.errors import NSQError
 from smartnsq.protocol.names import validate_topic
@@ -164,7 +164,7 @@ async def _tail(
 ) -> None:
     await check_reachable(options, topics[0])
     configure_logging(options)  # after the check, whose failure is reported as one line
-    printer.runner = TopicRunner("tail", options, make)
+    printer.runner = TopicRunner("tail", options, serving(make))
     await printer.runner.run(topics)
 
 

@@ -20,29 +20,34 @@ from smartnsq.errors import NSQError
 from smartnsq.http import HttpClient, HttpError
 from smartnsq.lookup.manager import LookupManager
 
-__all__ = ["TopicRunner"]
+__all__ = ["Serve", "TopicRunner", "serving"]
 
 WAIT_POLL = 1.0  # how often a missing topic is looked up again, in seconds
 
 
-class TopicRunner:
-    """Run one Consumer per topic until a signal, :meth:`stop`, or the consumers end.
+Serve = Callable[[str], Coroutine[Any, Any, None]]
 
-    ``background`` (the to-file syncer) runs until every consumer has stopped, so the
-    handlers still running at the stop can finish with its help.
-    """
+
+def serving(make: Callable[[str], Consumer]) -> Serve:
+    """A topic's run: ``serve`` the Consumer ``make`` builds (the runner handles signals)."""
+
+    async def run(topic: str) -> None:
+        await serve(make(topic), signals=())
+
+    return run
+
+
+class TopicRunner:
+    """Run each topic's consumer (``serve_topic(topic)``, which should return once it is
+    cancelled and its consumer has stopped gracefully) until a signal, :meth:`stop`, or
+    every one of them returned."""
 
     def __init__(
-        self,
-        command: str,
-        options: Common,
-        make: Callable[[str], Consumer],
-        *,
-        refresh: float = 60.0,
+        self, command: str, options: Common, serve_topic: Serve, *, refresh: float = 60.0
     ) -> None:
         self.command = command
         self.options = options
-        self.make = make
+        self.serve_topic = serve_topic
         self.refresh = refresh
         self.started: set[str] = set()
         self._scope: anyio.CancelScope | None = None
@@ -57,27 +62,18 @@ class TopicRunner:
     def say(self, text: str) -> None:
         print(f"smartnsq {self.command}: {text}", file=sys.stderr, flush=True)
 
-    async def run(
-        self,
-        topics: list[str],
-        pattern: re.Pattern[str] | None = None,
-        background: Callable[[], Coroutine[Any, Any, None]] | None = None,
-    ) -> None:
-        async with anyio.create_task_group() as outer:
-            if background is not None:
-                outer.start_soon(background)
-            async with anyio.create_task_group() as inner:
-                self._scope = inner.cancel_scope
-                if self._stopped:
-                    inner.cancel_scope.cancel()
-                inner.start_soon(self._signals)
+    async def run(self, topics: list[str], pattern: re.Pattern[str] | None = None) -> None:
+        async with anyio.create_task_group() as tg:
+            self._scope = tg.cancel_scope
+            if self._stopped:
+                tg.cancel_scope.cancel()
+            tg.start_soon(self._signals)
+            async with anyio.create_task_group() as topics_tg:
                 for topic in topics:
-                    inner.start_soon(self._one, topic)
+                    topics_tg.start_soon(self._one, topic)
                 if pattern is not None:
-                    inner.start_soon(self._follow, pattern, inner)
-                if not topics and pattern is None:
-                    inner.cancel_scope.cancel()
-            outer.cancel_scope.cancel()
+                    topics_tg.start_soon(self._follow, pattern, topics_tg)
+            tg.cancel_scope.cancel()  # every topic's run returned: stop watching signals
 
     async def _signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -95,7 +91,7 @@ class TopicRunner:
             while not await self._known(topic):
                 await anyio.sleep(WAIT_POLL)
             self.say(f"topic {topic!r} appeared")
-        await serve(self.make(topic), signals=())
+        await self.serve_topic(topic)
 
     async def _known(self, topic: str) -> bool:
         """Whether some lookupd lists an nsqd for ``topic``."""
