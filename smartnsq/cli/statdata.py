@@ -151,6 +151,7 @@ def _rate(now: int, before: int | None, dt: float) -> float | None:
 
 _CHANNEL_FIELDS = {
     "depth": "depth",
+    "disk_depth": "backend_depth",
     "in_flight": "in_flight_count",
     "deferred": "deferred_count",
     "requeued": "requeue_count",
@@ -159,20 +160,33 @@ _CHANNEL_FIELDS = {
 }
 
 
+def _memory_depth(entry: dict[str, Any]) -> int:
+    """nsqd reports the depth and the part on disk (``backend_depth``); the rest is in
+    memory, as nsq_stat computes it."""
+    return max(0, _int(entry.get("depth")) - _int(entry.get("backend_depth")))
+
+
 def _channel(c: dict[str, Any], old: dict[str, Any] | None, dt: float) -> dict[str, Any]:
     row: dict[str, Any] = {k: _int(c.get(v)) for k, v in _CHANNEL_FIELDS.items()}
+    row["memory_depth"] = _memory_depth(c)
     clients = c.get("clients")
     row["clients"] = len(clients) if isinstance(clients, list) else _int(c.get("client_num"))
     row["paused"] = bool(c.get("paused"))
     row["rate"] = _rate(
         row["messages"], None if old is None else _int(old.get("message_count")), dt
     )
+    # What left the channel (nsq_stat's egress): messages that came in, less depth growth.
+    row["egress_rate"] = (
+        None
+        if old is None or row["rate"] is None or dt <= 0
+        else round(max(0, row["rate"] * dt - (row["depth"] - _int(old.get("depth")))) / dt, 1)
+    )
     return row
 
 
 def _add(total: dict[str, Any], row: dict[str, Any]) -> None:
     for k, v in row.items():
-        if k == "rate":  # None: no earlier sample to compare with
+        if k in ("rate", "egress_rate"):  # None: no earlier sample to compare with
             total[k] = None if v is None else (total.get(k) or 0) + v
         elif isinstance(v, bool):
             total[k] = total.get(k, False) or v
@@ -180,8 +194,11 @@ def _add(total: dict[str, Any], row: dict[str, Any]) -> None:
             total[k] = total.get(k, 0) + v
 
 
-def summarize(nodes: list[Node], first: Sample | None, last: Sample) -> Snapshot:
-    """Nodes, and topics with their partitions and channels, with rates from two samples."""
+def summarize(
+    nodes: list[Node], first: Sample | None, last: Sample, channel: str | None = None
+) -> Snapshot:
+    """Nodes, and topics with their partitions and channels (only ``channel`` when given),
+    with rates from two samples."""
     dt = last.at - first.at if first is not None else 0.0
     before = _entries(first) if first is not None else {}
     now = _entries(last)
@@ -204,7 +221,16 @@ def summarize(nodes: list[Node], first: Sample | None, last: Sample) -> Snapshot
     for (node, name, partition), t in sorted(now.items(), key=lambda kv: (kv[0][1], kv[0][2] or 0)):
         old = before.get((node, name, partition))
         topic = topics.setdefault(
-            name, {"topic": name, "depth": 0, "messages": 0, "rate": None, "parts": {}}
+            name,
+            {
+                "topic": name,
+                "depth": 0,
+                "memory_depth": 0,
+                "disk_depth": 0,
+                "messages": 0,
+                "rate": None,
+                "parts": {},
+            },
         )
         leader = t.get("is_leader", True) is not False
         key = str(partition) if partition is not None else node
@@ -218,11 +244,18 @@ def summarize(nodes: list[Node], first: Sample | None, last: Sample) -> Snapshot
         part["leader"] = tcp_of.get(node, node)
         messages = _int(t.get("message_count"))
         old_messages = None if old is None else _int(old.get("message_count"))
-        part.update(depth=_int(t.get("depth")), messages=messages)
+        part.update(
+            depth=_int(t.get("depth")),
+            memory_depth=_memory_depth(t),
+            disk_depth=_int(t.get("backend_depth")),
+            messages=messages,
+        )
         part["rate"] = _rate(messages, old_messages, dt)
         old_channels = {c.get("channel_name"): c for c in (old or {}).get("channels") or []}
         for c in t.get("channels") or []:
             cname = str(c.get("channel_name"))
+            if channel is not None and cname != channel:
+                continue
             part["channels"][cname] = _channel(c, old_channels.get(cname), dt)
     return Snapshot(node_rows, [_topic_totals(t) for t in topics.values()], dt)
 
@@ -231,7 +264,9 @@ def _topic_totals(topic: dict[str, Any]) -> dict[str, Any]:
     parts = list(topic.pop("parts").values())
     channels: dict[str, dict[str, Any]] = {}
     for part in parts:
-        _add(topic, {k: part.get(k, 0) for k in ("depth", "messages")})
+        _add(
+            topic, {k: part.get(k, 0) for k in ("depth", "memory_depth", "disk_depth", "messages")}
+        )
         if part.get("rate") is not None:
             topic["rate"] = (topic["rate"] or 0) + part["rate"]
         for cname, row in part["channels"].items():
