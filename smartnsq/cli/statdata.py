@@ -257,7 +257,10 @@ def summarize(
             if channel is not None and cname != channel:
                 continue
             part["channels"][cname] = _channel(c, old_channels.get(cname), dt)
-    return Snapshot(node_rows, [_topic_totals(t) for t in topics.values()], dt)
+    rows = [_topic_totals(t) for t in topics.values()]
+    if channel is not None:
+        rows = [t for t in rows if t["channels"]]  # only the topics that have it
+    return Snapshot(node_rows, rows, dt)
 
 
 def _topic_totals(topic: dict[str, Any]) -> dict[str, Any]:
