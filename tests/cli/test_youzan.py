@@ -44,12 +44,13 @@ def test_pub_key_field_lands_like_the_producer_and_tail_shows_the_partition(youz
         "pub", *addresses(youzan_cluster), "--key-field", "user", topic,
         input=lines_of(*lines, "not json", '{"user": [1]}'),
     )  # fmt: skip
-    # The two bad lines are reported, one line each, and make the exit status 1.
+    # The two bad lines are counted in one line (the first one named) and make the exit
+    # status 1; --json lists each.
     assert pub.returncode == 1
     assert pub.stderr.decode().splitlines() == [
-        "smartnsq pub: <stdin>: line 41 not published: not JSON, so no --key-field user",
-        "smartnsq pub: <stdin>: line 42 not published: field 'user' is list, not a string or int",
-        f"smartnsq pub: published 40 messages to {topic}, 2 failed",
+        f"smartnsq pub: published 40 messages to {topic}, 2 failed (first: <stdin> line 41: "
+        "not JSON, so no --key-field user; --json lists them); acknowledged up to <stdin>:40: "
+        "go on with --resume-from 40"
     ]
     expected = Counter(go_partition(u, 2) for u in users)
     assert set(expected) == {0, 1}  # the keys really spread over both partitions
@@ -118,3 +119,13 @@ def test_pub_key_and_trace_and_stat_replicas(youzan_cluster):
     row = next(r for r in table.stdout.decode().splitlines() if topic in r and f"│ {wanted} " in r)
     cells = [c.strip() for c in row.split("│")]
     assert cells[3] == leaders[wanted] and cells[4] == leaders[1 - wanted]  # leader, replica
+
+
+def test_pub_key_through_nsqd_alone_on_youzan_asks_for_lookupd(youzan_cluster):
+    # The partition count comes from lookupd: without it a key cannot pick a partition.
+    nsqd = youzan_cluster.nsqd[0]
+    pub = run_cli("pub", "--nsqd", nsqd.tcp, "--key", "k", unique("cli_yzkey"), input=b"x\n")
+    assert pub.returncode == 1
+    err = pub.stderr.decode()
+    assert err.count("\n") == 1 and "Youzan nsqd" in err and "give --lookupd" in err, err
+    assert "lookupd_http_addresses" not in err and "sharding_key" not in err
