@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import anyio
 import pytest
 
 from compat.youzan import create_topic
+from smartnsq import Producer
 from smartnsq.ordered import go_partition
 from tests.cli.clihelp import addresses, lines_of, run_cli
 from tests.helpers import unique, wait_for
@@ -129,3 +131,33 @@ def test_pub_key_through_nsqd_alone_on_youzan_asks_for_lookupd(youzan_cluster):
     err = pub.stderr.decode()
     assert err.count("\n") == 1 and "Youzan nsqd" in err and "give --lookupd" in err, err
     assert "lookupd_http_addresses" not in err and "sharding_key" not in err
+
+
+def test_to_nsq_keeps_headers_and_trace_ids_on_youzan_ext_topics(youzan_cluster):
+    src, dst = unique("cli_yzdead"), unique("cli_yzdst")
+    create_topic(youzan_cluster, src, partitions=1, replicas=1, ext=True, channel="replay")
+    create_topic(youzan_cluster, dst, partitions=1, replicas=1, ext=True, channel="ch")
+    lookupd = [d.http for d in youzan_cluster.lookupd]
+
+    async def publish() -> None:
+        async with Producer(lookupd_http_addresses=lookupd) as producer:
+            for i in range(3):
+                await producer.publish(
+                    src, b"m%d" % i, headers={"order": str(i)}, trace_id=1000 + i
+                )
+
+    anyio.run(publish)
+    copy = run_cli(
+        "to-nsq", src, *addresses(youzan_cluster), "--channel", "replay", "--to", dst,
+        "--limit", "3", "--json",
+    )  # fmt: skip
+    assert copy.returncode == 0, copy.stderr
+    assert json.loads(copy.stdout)["published"] == 3
+    tail = run_cli(
+        "tail", *addresses(youzan_cluster), "--channel", "ch", "-n", "3", "--json",
+        "--show-meta", dst,
+    )  # fmt: skip
+    records = sorted((json.loads(x) for x in tail.stdout.splitlines()), key=lambda r: r["body"])
+    assert [r["body"] for r in records] == ["m0", "m1", "m2"]
+    assert [r["headers"].get("order") for r in records] == ["0", "1", "2"]
+    assert [r["trace_id"] for r in records] == [1000, 1001, 1002]
