@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import TextIO
 
 import click
 
 from smartnsq import __version__
-from smartnsq.cli import pub, stat, tail, to_file
+from smartnsq.cli import pub, stat, tail, to_file, to_nsq
+from smartnsq.cli.words import flag_words
 from smartnsq.errors import NSQError
 
 __all__ = ["cli", "run"]
@@ -28,7 +31,7 @@ def cli() -> None:
     """
 
 
-for _module in (pub, tail, to_file, stat):
+for _module in (pub, tail, to_file, to_nsq, stat):
     cli.add_command(_module.command)
 
 
@@ -54,6 +57,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     """Run the command line and return the exit status; errors become one line on stderr."""
     args = list(sys.argv[1:] if argv is None else argv)
     name = _command_name(args)
+    warnings.showwarning = _show_warning
     try:
         result = cli.main(args=args, prog_name="smartnsq", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
@@ -78,9 +82,22 @@ def run(argv: Sequence[str] | None = None) -> int:
         if not isinstance(leaf, NSQError | OSError | click.ClickException):
             raise
         message = leaf.format_message() if isinstance(leaf, click.ClickException) else leaf
-        print(f"{name}: error: {_one_line(str(message))}", file=sys.stderr)
+        print(f"{name}: error: {_one_line(flag_words(str(message)))}", file=sys.stderr)
         return EXIT_ERROR
     return result if isinstance(result, int) else 0
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """A warning (plain-text AUTH, say) as one line in the command line's own words."""
+    text = _one_line(flag_words(str(message)))
+    print(f"smartnsq: warning: {text}", file=file or sys.stderr)
 
 
 def _broken_pipe() -> int:

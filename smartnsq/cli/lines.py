@@ -51,17 +51,24 @@ def input_size(sources: Sequence[str]) -> int | None:
     return total
 
 
-def _lines(parts: list[bytes]) -> list[bytes]:
+def _lines(parts: list[bytes], delimiter: bytes) -> list[bytes]:
+    if delimiter != b"\n":
+        return parts
     return [p[:-1] if p.endswith(b"\r") else p for p in parts]
 
 
 def read_chunks(
-    sources: Sequence[str], raw: bool, emit: Callable[[Chunk], None], stop: threading.Event
+    sources: Sequence[str],
+    raw: bool,
+    emit: Callable[[Chunk], None],
+    stop: threading.Event,
+    delimiter: bytes = b"\n",
 ) -> None:
     """Read every source in turn and hand what was read to ``emit``.
 
     ``os.read`` returns what is available, so lines typed or piped slowly go out at once while
-    a big file is read 64 KiB at a time. With ``raw`` each source is one message.
+    a big file is read 64 KiB at a time. With ``raw`` each source is one message. Lines end
+    at ``delimiter`` (one byte; a newline also drops a ``\r`` before it).
     """
     for source in sources:
         if stop.is_set():
@@ -78,14 +85,16 @@ def read_chunks(
                 if not data:
                     break
                 buf = pending + data
-                parts = buf.split(b"\n")
+                parts = buf.split(delimiter)
                 pending = parts.pop()
                 if parts:
-                    chunk = Chunk(_label(source), line, _lines(parts), len(buf) - len(pending))
+                    chunk = Chunk(
+                        _label(source), line, _lines(parts, delimiter), len(buf) - len(pending)
+                    )
                     emit(chunk)
                     line = chunk.last + 1
             if pending and not stop.is_set():
-                emit(Chunk(_label(source), line, _lines([pending]), len(pending)))
+                emit(Chunk(_label(source), line, _lines([pending], delimiter), len(pending)))
         finally:
             if source != STDIN:
                 os.close(fd)
@@ -96,6 +105,7 @@ def start_reader(
     raw: bool,
     emit: Callable[[Chunk | BaseException | None], None],
     stop: threading.Event,
+    delimiter: bytes = b"\n",
 ) -> threading.Thread:
     """Run :func:`read_chunks` in a daemon thread; ``emit(None)`` at the end, or the error.
 
@@ -104,8 +114,10 @@ def start_reader(
     """
 
     def body() -> None:
+        # ``emit`` swallows its own failures (the publisher stopped listening), so nothing
+        # escapes this thread as a traceback.
         try:
-            read_chunks(sources, raw, emit, stop)
+            read_chunks(sources, raw, emit, stop, delimiter)
         except Exception as exc:
             emit(exc)
         else:

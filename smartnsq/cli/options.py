@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 __all__ = ["CliError", "Common", "common_options", "split_addresses"]
 
@@ -28,10 +29,15 @@ def split_addresses(values: Sequence[str]) -> list[str]:
 
 @dataclass
 class Common:
-    """The connection and output options, shared by every command."""
+    """The connection and output options, shared by every command.
 
-    lookupd: list[str] = field(default_factory=list)
-    nsqd: list[str] = field(default_factory=list)
+    An address flag on the command line overrides the environment for both kinds: with
+    ``--nsqd`` given, ``NSQ_LOOKUPD`` is not used (and the reverse), so a command says where
+    to go without the shell's settings changing it behind its back.
+    """
+
+    given: dict[str, list[str]] = field(default_factory=dict)  # lookupd / nsqd as parsed
+    from_env: set[str] = field(default_factory=set)  # which of them came from the environment
     tls: bool = False
     tls_ca: str | None = None
     tls_cert: str | None = None
@@ -40,6 +46,20 @@ class Common:
     auth_secret: str | None = None
     json: bool = False
     verbose: int = 0
+
+    def _addresses(self, kind: str) -> list[str]:
+        on_command_line = any(k not in self.from_env and v for k, v in self.given.items())
+        if on_command_line and kind in self.from_env:
+            return []
+        return self.given.get(kind, [])
+
+    @property
+    def lookupd(self) -> list[str]:
+        return self._addresses("lookupd")
+
+    @property
+    def nsqd(self) -> list[str]:
+        return self._addresses("nsqd")
 
     def require_addresses(self) -> None:
         if not self.lookupd and not self.nsqd:
@@ -86,6 +106,16 @@ def _store(name: str, convert: Callable[[Any], Any] = lambda v: v) -> Callable[.
     return callback
 
 
+def _store_addresses(kind: str) -> Callable[..., None]:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        options = ctx.ensure_object(Common)
+        options.given[kind] = split_addresses(value)
+        if param.name and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT:
+            options.from_env.add(kind)
+
+    return callback
+
+
 _OPTIONS: list[Callable[[F], F]] = [
     click.option(
         "--lookupd",
@@ -93,8 +123,9 @@ _OPTIONS: list[Callable[[F], F]] = [
         envvar="NSQ_LOOKUPD",
         metavar="HOST:PORT",
         expose_value=False,
-        callback=_store("lookupd", split_addresses),
-        help="nsqlookupd HTTP address; repeat or comma-separate (env NSQ_LOOKUPD).",
+        callback=_store_addresses("lookupd"),
+        help="nsqlookupd HTTP address; repeat or comma-separate (env NSQ_LOOKUPD, not used "
+        "when --nsqd is given).",
     ),
     click.option(
         "--nsqd",
@@ -102,8 +133,9 @@ _OPTIONS: list[Callable[[F], F]] = [
         envvar="NSQ_NSQD",
         metavar="HOST:PORT",
         expose_value=False,
-        callback=_store("nsqd", split_addresses),
-        help="nsqd TCP address; repeat or comma-separate (env NSQ_NSQD).",
+        callback=_store_addresses("nsqd"),
+        help="nsqd TCP address; repeat or comma-separate (env NSQ_NSQD, not used when "
+        "--lookupd is given).",
     ),
     click.option(
         "--tls", is_flag=True, expose_value=False, callback=_store("tls"), help="Use TLS."

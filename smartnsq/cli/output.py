@@ -12,9 +12,13 @@ from smartnsq.cli.options import Common
 __all__ = ["configure_logging", "print_json"]
 
 
-def configure_logging(options: Common) -> None:
-    """Send smartnsq's warnings (reconnects, lookup trouble) to stderr, one line each."""
-    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(options.verbose, 2)]
+def configure_logging(options: Common, quiet: bool = False) -> None:
+    """Send smartnsq's warnings (reconnects, lookup trouble) to stderr, one line each.
+
+    ``quiet``: the command reports every failure itself (pub): warnings only with -v.
+    """
+    first = logging.ERROR if quiet else logging.WARNING
+    level = (first, logging.INFO, logging.DEBUG)[min(options.verbose, 2)]
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("smartnsq: %(levelname)s: %(message)s"))
     root = logging.getLogger("smartnsq")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -16,8 +16,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-if TYPE_CHECKING:
-    from smartnsq.cli.pub import Tally
+from smartnsq.cli.tally import Tally
 
 __all__ = ["PubProgress"]
 

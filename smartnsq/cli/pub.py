@@ -2,70 +2,72 @@
 
 from __future__ import annotations
 
-import json
+import codecs
 import logging
 import math
-import signal
 import sys
-import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import anyio
-import anyio.abc
-import anyio.from_thread
-import anyio.lowlevel
 import click
 
-from smartnsq import Producer
-from smartnsq.cli.lines import STDIN, Chunk, input_size, start_reader
-from smartnsq.cli.options import Common, common, common_options
+from smartnsq import Connection, ConnectionConfig, Producer
+from smartnsq.cli.lines import STDIN
+from smartnsq.cli.options import CliError, Common, common, common_options
 from smartnsq.cli.output import configure_logging, print_json
-from smartnsq.cli.progress import PubProgress
-from smartnsq.errors import NSQError, PartialPublish
+from smartnsq.cli.publisher import MAX_FAILED_IN_A_ROW, Publisher, Settings, ranges
+from smartnsq.cli.tally import Tally
+from smartnsq.cli.words import parse_duration, pass_through
+from smartnsq.errors import NSQError
 from smartnsq.protocol.names import validate_topic
 
 __all__ = ["command"]
 
-# Batches failing one after another mean the cluster is not taking messages: stop reading.
-MAX_FAILED_IN_A_ROW = 3
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
 
-Item = Chunk | BaseException | None  # from the reader: lines, its error, or the end
+# Producer keywords the command's own flags set: refused by --producer-opt.
+_RESERVED = {
+    "nsqd_tcp_addresses": "--nsqd",
+    "lookupd_http_addresses": "--lookupd",
+    "tls": "--tls",
+    "auth_secret": "--auth-secret",
+}
 
 
-@dataclass
-class Settings:
-    topic: str
-    sources: list[str]
-    raw: bool
-    key: str | None
-    key_field: str | None
-    partition: int | None
-    trace: bool
-    rate: float | None
-    batch_size: int
+def _delimiter(text: str) -> bytes:
+    """One byte; backslash escapes such as ``\\t`` and ``\\0`` allowed."""
+    try:
+        value = codecs.decode(text, "unicode_escape").encode("latin-1")
+    except (UnicodeError, ValueError):
+        value = b""
+    if len(value) != 1:
+        raise click.BadParameter(f"{text!r} is not one byte (\\n, \\t, \\0, ',' ...)")
+    return value
 
 
-@dataclass
-class Tally:
-    """What happened to the lines read so far."""
-
-    read: int = 0
-    published: int = 0
-    failed: int = 0
-    skipped: int = 0  # empty lines: nsqd rejects empty messages
-    unconfirmed: int = 0  # sent, but the answer was cut short by a second Ctrl-C
-    position: str = ""  # the last line taken from the input, to resume after an interruption
-    interrupted: bool = False
-    gave_up: bool = False
+def _resume(text: str, sources: list[str]) -> tuple[str, int]:
+    """``N`` (a line of the first input) or ``SOURCE:N`` as pub reported it."""
+    source, _, line = text.rpartition(":")
+    labels = ["<stdin>" if s == STDIN else s for s in sources]
+    if source in ("", "-"):
+        source = labels[0]
+    if not line.isdigit() or source not in labels:
+        raise click.BadParameter(
+            f"{text!r} is not a line number or SOURCE:LINE of the inputs ({', '.join(labels)})"
+        )
+    return source, int(line)
 
 
 @click.command("pub")
 @click.argument("topic")
 @click.argument("files", nargs=-1, type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @click.option("--raw", is_flag=True, help="Publish each file whole, as one message.")
+@click.option(
+    "--delimiter",
+    default="\\n",
+    show_default=True,
+    help="The byte that ends a message in the input (escapes like \\t, \\0 allowed).",
+)
 @click.option("--key", help="Sharding key for every message (Youzan partitioned topics).")
 @click.option(
     "--key-field",
@@ -73,6 +75,12 @@ class Tally:
     help="Take each line's sharding key from this field of the line's JSON (a.b for nested).",
 )
 @click.option("--partition", type=click.IntRange(min=0), help="Publish to this partition.")
+@click.option(
+    "--delay",
+    metavar="DURATION",
+    help="Deferred publish (DPUB, classic nsqd): deliver each message after DURATION "
+    "(e.g. 500ms, 30s, 5m).",
+)
 @click.option(
     "--trace", is_flag=True, help="Traced publish (Youzan): log each batch's trace record."
 )
@@ -86,23 +94,41 @@ class Tally:
     show_default=True,
     help="Messages per MPUB.",
 )
+@click.option(
+    "--resume-from",
+    metavar="POSITION",
+    help="Skip the input up to POSITION (LINE, or SOURCE:LINE), as an interrupted pub "
+    "reported it: every line up to it was acknowledged.",
+)
+@click.option(
+    "--producer-opt",
+    "producer_opts",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Any other Producer keyword (e.g. snappy=true, max_retries=5, timeout=30s); repeatable.",
+)
 @common_options
 def command(
     topic: str,
     files: tuple[str, ...],
     raw: bool,
+    delimiter: str,
     key: str | None,
     key_field: str | None,
     partition: int | None,
+    delay: str | None,
     trace: bool,
     rate: float | None,
     batch_size: int,
+    resume_from: str | None,
+    producer_opts: tuple[str, ...],
 ) -> int:
     """Publish lines of FILES (or stdin) to TOPIC, one message per line.
 
-    Every line is either acknowledged by nsqd or reported on stderr; the exit status is 1 if
-    any line was not published. Ctrl-C stops reading, waits for the answers to what was sent
-    and says how far it got. A progress bar is shown when stderr is a terminal.
+    Every line is either acknowledged by nsqd or counted as failed (--json lists them); the
+    exit status is 1 if any line was not published. Ctrl-C stops sending at once, waits for
+    the answer to the batch in flight and reports the last line up to which nsqd acknowledged
+    everything: --resume-from takes it. A progress bar is shown when stderr is a terminal.
     """
     options = common()
     validate_topic(topic)
@@ -110,23 +136,70 @@ def command(
         raise click.UsageError("choose one of --key, --key-field and --partition")
     if raw and key_field:
         raise click.UsageError("--key-field reads JSON lines; it cannot be used with --raw")
+    try:
+        delim = _delimiter(delimiter)
+        delay_s = parse_duration(delay) if delay is not None else None
+        sources = list(files) or [STDIN]
+        resume = _resume(resume_from, sources) if resume_from is not None else None
+    except click.BadParameter as exc:
+        raise click.UsageError(exc.message) from None
+    if delay_s is not None and trace:
+        raise click.UsageError("--delay cannot be combined with --trace")
     if rate is not None:
         # Smaller batches keep the pace even: about 20 per second at the capped rate.
         batch_size = min(batch_size, max(1, math.ceil(rate / 20)))
+    extra = pass_through("--producer-opt", producer_opts, Producer, _RESERVED)
     settings = Settings(
-        topic, list(files) or [STDIN], raw, key, key_field, partition, trace, rate, batch_size
-    )
-    producer = Producer(**options.client_options())
-    configure_logging(options)
+        topic, sources, raw, key, key_field, True, partition, rate, batch_size, delim,
+        delay_s, resume, options.json,
+    )  # fmt: skip
+    producer = Producer(**options.client_options(), **extra)
+    configure_logging(options, quiet=True)
     if trace:
         producer.trace.enable(topic)
         logging.getLogger("smartnsq.trace").setLevel(logging.INFO)
-    tally = Tally()
-    anyio.run(_publish, producer, settings, options, tally)
-    return _report(settings, options, tally)
+    publishers: list[Publisher] = []
+    anyio.run(_publish, producer, settings, options, publishers)
+    return _report(publishers[0], options)
 
 
-def _report(settings: Settings, options: Common, tally: Tally) -> int:
+async def _publish(
+    producer: Producer, settings: Settings, options: Common, out: list[Publisher]
+) -> None:
+    if (settings.key is not None or settings.key_field) and not options.lookupd:
+        settings.use_keys = await _nsqd_has_partitions(options)
+    publisher = Publisher(producer, settings, Tally())
+    out.append(publisher)
+    async with producer:
+        await publisher.run()
+
+
+async def _nsqd_has_partitions(options: Common) -> bool:
+    """Without --lookupd: whether the nsqd is Youzan's (which has partitions) or classic.
+
+    Through --lookupd a sharding key on a classic topic is ignored (it has no partitions);
+    with --nsqd alone the same holds. The fork needs its partition count from lookupd.
+    """
+    config = ConnectionConfig(tls=options.tls_setting(), auth_secret=options.auth_secret)
+    for address in options.nsqd:
+        try:
+            conn = await Connection.open(address, config)
+        except NSQError:
+            continue
+        youzan = conn.features.youzan
+        await conn.close()
+        if youzan:
+            raise CliError(
+                f"nsqd {address} is a Youzan nsqd: --key and --key-field pick a partition, "
+                "whose count comes from lookupd: give --lookupd"
+            )
+        return False
+    return False  # none reachable: the publish fails and says why
+
+
+def _report(publisher: Publisher, options: Common) -> int:
+    tally, settings = publisher.tally, publisher.settings
+    resume = _resume_hint(publisher)
     if options.json:
         print_json(
             {
@@ -136,189 +209,50 @@ def _report(settings: Settings, options: Common, tally: Tally) -> int:
                 "skipped_empty": tally.skipped,
                 "unconfirmed": tally.unconfirmed,
                 "interrupted": tally.interrupted,
+                "gave_up": tally.gave_up,
                 "position": tally.position or None,
+                "published_after_position": tally.beyond,
+                "resume_from": resume,
             }
         )
     elif tally.interrupted or tally.failed or tally.gave_up or sys.stderr.isatty():
-        how = "interrupted: " if tally.interrupted else ""
-        text = f"smartnsq pub: {how}published {tally.published} messages to {settings.topic}"
-        if tally.failed:
-            text += f", {tally.failed} failed"
-        if tally.unconfirmed:
-            text += f", {tally.unconfirmed} sent without an answer (may or may not be published)"
-        if tally.skipped:
-            text += f", skipped {tally.skipped} empty lines"
-        if (tally.interrupted or tally.gave_up) and tally.position:
-            text += f"; input read up to {tally.position}"
-        print(text, file=sys.stderr)
+        print(_summary(publisher, resume), file=sys.stderr)
     if tally.failed or tally.unconfirmed or tally.gave_up:
         return EXIT_FAILED
     return EXIT_INTERRUPTED if tally.interrupted else 0
 
 
-class _Publisher:
-    """Takes chunks from the reader thread and publishes them, one batch at a time."""
+def _resume_hint(publisher: Publisher) -> str | None:
+    """The --resume-from value that goes on where this run stopped (None: nothing to skip)."""
+    tally = publisher.tally
+    if not (tally.interrupted or tally.gave_up or tally.failed) or not tally.position:
+        return None
+    source, _, line = tally.position.rpartition(":")
+    labels = ["<stdin>" if s == STDIN else s for s in publisher.settings.sources]
+    return line if source == labels[0] else tally.position
 
-    def __init__(
-        self, producer: Producer, settings: Settings, options: Common, tally: Tally
-    ) -> None:
-        self.producer = producer
-        self.settings = settings
-        self.options = options
-        self.tally = tally
-        self.progress = PubProgress(input_size(settings.sources) if not settings.raw else None)
-        self.stop_reading = threading.Event()
-        self.reading = anyio.CancelScope()
-        self.sending = anyio.CancelScope()
-        self.failed_in_a_row = 0
-        self.started = 0.0
 
-    async def run(self) -> None:
-        send, receive = anyio.create_memory_object_stream[Item](0)
-        token = anyio.lowlevel.current_token()
-
-        def emit(item: Item) -> None:
-            try:
-                anyio.from_thread.run(send.send, item, token=token)
-            except Exception:  # the publisher has stopped listening: stop reading
-                self.stop_reading.set()
-
-        start_reader(self.settings.sources, self.settings.raw, emit, self.stop_reading)
-        self.started = anyio.current_time()
-        with self.progress, receive, send:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch_signals)
-                with self.sending:
-                    await self._loop(receive)
-                tg.cancel_scope.cancel()
-        self.stop_reading.set()
-
-    async def _loop(self, receive: anyio.abc.ObjectReceiveStream[Item]) -> None:
-        while not self.stop_reading.is_set():
-            item: Item = None
-            # A fresh scope each time (a scope is entered once): Ctrl-C cancels the wait only.
-            self.reading = anyio.CancelScope()
-            with self.reading:
-                item = await receive.receive()
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            self.tally.read += len(item.lines)
-            self.tally.position = f"{item.source}:{item.last}"
-            await self._publish_chunk(item)
-            self.progress.update(self.tally, item.size)
-            if self.failed_in_a_row >= MAX_FAILED_IN_A_ROW:
-                self.tally.gave_up = True
-                print(
-                    f"smartnsq pub: {MAX_FAILED_IN_A_ROW} batches failed in a row; stopped",
-                    file=sys.stderr,
-                )
-                return
-
-    async def _watch_signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                if not self.tally.interrupted:
-                    # Stop taking input; what was taken is still sent and answered.
-                    self.tally.interrupted = True
-                    self.stop_reading.set()
-                    self.reading.cancel()
-                else:
-                    self.sending.cancel()  # a second Ctrl-C: do not wait for the answers
-
-    async def _publish_chunk(self, chunk: Chunk) -> None:
-        groups: dict[str | int | None, list[tuple[int, bytes]]] = {}
-        for n, body in enumerate(chunk.lines, chunk.first):
-            if not body:
-                self.tally.skipped += 1
-                continue
-            try:
-                key = self._key(body)
-            except ValueError as exc:
-                self._failed(chunk.source, [n], str(exc))
-                continue
-            groups.setdefault(key, []).append((n, body))
-        size = self.settings.batch_size
-        unsent: list[int] = []
-        for key, lines in groups.items():
-            for start in range(0, len(lines), size):
-                batch = lines[start : start + size]
-                if self.failed_in_a_row >= MAX_FAILED_IN_A_ROW:
-                    unsent.extend(n for n, _ in batch)
-                else:
-                    await self._publish_batch(chunk.source, key, batch)
-        if unsent:
-            unsent.sort()
-            self._failed(chunk.source, unsent, "not sent: the batches before it failed")
-
-    def _key(self, body: bytes) -> str | int | None:
-        field = self.settings.key_field
-        if field is None:
-            return self.settings.key
-        try:
-            value = json.loads(body)
-        except ValueError:
-            raise ValueError(f"not JSON, so no --key-field {field}") from None
-        for part in field.split("."):
-            if not isinstance(value, dict) or part not in value:
-                raise ValueError(f"no field {field!r} in the line's JSON")
-            value = value[part]
-        if isinstance(value, bool) or not isinstance(value, str | int):
-            raise ValueError(f"field {field!r} is {type(value).__name__}, not a string or int")
-        return value
-
-    async def _publish_batch(
-        self, source: str, key: str | int | None, lines: list[tuple[int, bytes]]
-    ) -> None:
-        rate = self.settings.rate
-        if rate is not None:
-            # Wait until the messages already sent are within the cap.
-            due = self.started + (self.tally.published + self.tally.failed) / rate
-            await anyio.sleep(max(0.0, due - anyio.current_time()))
-        bodies = [body for _, body in lines]
-        try:
-            await self.producer.publish_many(
-                self.settings.topic,
-                bodies,
-                sharding_key=key,
-                partition=self.settings.partition,
-            )
-        except PartialPublish as exc:
-            self.tally.published += exc.published
-            self._failed(source, [n for n, _ in lines[exc.published :]], str(exc))
-        except NSQError as exc:
-            self._failed(source, [n for n, _ in lines], str(exc))
-        except anyio.get_cancelled_exc_class():
-            self.tally.unconfirmed += len(lines)
-            raise
+def _summary(publisher: Publisher, resume: str | None) -> str:
+    tally, settings = publisher.tally, publisher.settings
+    how = "interrupted: " if tally.interrupted else ""
+    text = f"smartnsq pub: {how}published {tally.published} messages to {settings.topic}"
+    if tally.failed:
+        first = publisher.failures[0]
+        text += (
+            f", {tally.failed} failed (first: {first.source} line "
+            f"{ranges(first.lines[:1])}: {first.error}; --json lists them)"
+        )
+    if tally.unconfirmed:
+        text += f", {tally.unconfirmed} sent without an answer (may or may not be published)"
+    if tally.skipped:
+        text += f", skipped {tally.skipped} empty lines"
+    if tally.gave_up:
+        text += f"; stopped after {MAX_FAILED_IN_A_ROW} batches failed in a row"
+    if tally.interrupted or tally.gave_up or tally.failed:
+        if resume is None:
+            text += "; nothing acknowledged: run it again from the start"
         else:
-            self.tally.published += len(lines)
-            self.failed_in_a_row = 0
-
-    def _failed(self, source: str, numbers: list[int], error: str) -> None:
-        self.tally.failed += len(numbers)
-        self.failed_in_a_row += 1
-        where = _ranges(numbers)
-        if self.options.json:
-            print_json({"source": source, "lines": where, "error": error})
-        else:
-            print(f"smartnsq pub: {source}: line {where} not published: {error}", file=sys.stderr)
-
-
-def _ranges(numbers: Sequence[int]) -> str:
-    """``1-3,7`` for [1, 2, 3, 7]."""
-    out: list[str] = []
-    i = 0
-    while i < len(numbers):
-        j = i
-        while j + 1 < len(numbers) and numbers[j + 1] == numbers[j] + 1:
-            j += 1
-        out.append(str(numbers[i]) if i == j else f"{numbers[i]}-{numbers[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
-async def _publish(producer: Producer, settings: Settings, options: Common, tally: Tally) -> None:
-    async with producer:
-        await _Publisher(producer, settings, options, tally).run()
+            text += f"; acknowledged up to {tally.position}: go on with --resume-from {resume}"
+            if tally.beyond:
+                text += f" ({tally.beyond} later lines were acknowledged and go out again)"
+    return text

@@ -39,8 +39,10 @@ async def _can_connect(address: str) -> str | None:
     return None
 
 
-async def check_reachable(options: Common, topic: str) -> None:
-    """Fail with one line unless some nsqd connects or some lookupd answers for ``topic``."""
+async def check_reachable(options: Common, topic: str | None) -> None:
+    """Fail with one line unless some nsqd connects or some lookupd answers for ``topic``
+    (any topic name serves when none is known yet: the answer is what is checked)."""
+    topic = topic or "smartnsq_reachability_check"
     validate_topic(topic)
     problems: list[str] = []
     for address in options.nsqd:

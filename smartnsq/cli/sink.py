@@ -8,8 +8,10 @@ of a group, not of each message.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
+import shutil
 import socket
 import time
 import zlib
@@ -20,9 +22,44 @@ from typing import BinaryIO
 import anyio
 import anyio.to_thread
 
-__all__ = ["DEFAULT_PATTERN", "OutFile", "Sink", "render_name", "with_rev"]
+__all__ = [
+    "DEFAULT_DATETIME",
+    "DEFAULT_PATTERN",
+    "OutFile",
+    "Sink",
+    "go_pattern",
+    "host_identifier",
+    "render_name",
+    "with_rev",
+]
 
-DEFAULT_PATTERN = "{topic}.{hostname}{rev}.%Y-%m-%d_%H.log"
+DEFAULT_PATTERN = "{topic}.{hostname}{rev}.{datetime}.log"
+DEFAULT_DATETIME = "%Y-%m-%d_%H"
+_GO_TOKENS = {
+    "<TOPIC>": "{topic}",
+    "<HOST>": "{hostname}",
+    "<REV>": "{rev}",
+    "<DATETIME>": "{datetime}",
+    "<PID>": "{pid}",
+}
+
+
+def go_pattern(pattern: str) -> str:
+    """nsq_to_file's ``--filename-format`` tokens (``<TOPIC>.<HOST><REV>.<DATETIME>.log``)
+    as this command's fields."""
+    for token, field_name in _GO_TOKENS.items():
+        pattern = pattern.replace(token, field_name)
+    return pattern
+
+
+def host_identifier(value: str | None) -> str:
+    """What ``{hostname}`` stands for: the short host name, or ``--host-identifier`` with
+    nsq_to_file's ``<SHORT_HOST>`` and ``<HOSTNAME>`` filled in."""
+    hostname = socket.gethostname()
+    short = hostname.split(".")[0]
+    if value is None:
+        return short
+    return value.replace("<SHORT_HOST>", short).replace("<HOSTNAME>", hostname)
 
 
 def with_rev(pattern: str) -> str:
@@ -34,16 +71,26 @@ def with_rev(pattern: str) -> str:
     return f"{stem}{{rev}}.{ext}" if dot and stem else pattern + "{rev}"
 
 
-def render_name(pattern: str, topic: str, when: float, rev: int) -> str:
+def render_name(
+    pattern: str,
+    topic: str,
+    when: float,
+    rev: int,
+    host: str | None = None,
+    datetime_format: str = DEFAULT_DATETIME,
+) -> str:
     """The file name for ``topic`` at time ``when`` (local time, like nsq_to_file).
 
-    ``{topic}``, ``{hostname}`` and ``{rev}`` (empty, then ``-1``, ``-2``... when a name is
-    taken) are filled in, then strftime codes.
+    ``{topic}``, ``{hostname}`` (``host``, default the short host name), ``{pid}``,
+    ``{datetime}`` (``datetime_format``) and ``{rev}`` (empty, then ``-1``, ``-2``... when a
+    name is taken) are filled in, then strftime codes.
     """
-    host = socket.gethostname().split(".")[0]
-    name = pattern.replace("{topic}", topic).replace("{hostname}", host)
+    local = time.localtime(when)
+    name = pattern.replace("{topic}", topic).replace("{hostname}", host or host_identifier(None))
+    name = name.replace("{pid}", str(os.getpid()))
+    name = name.replace("{datetime}", time.strftime(datetime_format, local).replace("%", "%%"))
     name = name.replace("{rev}", f"-{rev}" if rev else "")
-    return time.strftime(name, time.localtime(when))
+    return time.strftime(name, local)
 
 
 @dataclass
@@ -95,13 +142,21 @@ class Sink:
         *,
         pattern: str = DEFAULT_PATTERN,
         compress: bool = False,
+        gzip_level: int = 6,
         rotate_size: int | None = None,
         rotate_interval: float | None = None,
         group_size: int = 100,
         clock: Callable[[], float] = time.time,
+        output_dir: str | None = None,
+        host: str | None = None,
+        datetime_format: str = DEFAULT_DATETIME,
     ) -> None:
-        self.directory = directory
+        self.directory = directory  # where files are written (nsq_to_file's --work-dir)
+        self.output_dir = output_dir or directory  # where finished files go
         self.topic = topic
+        self.gzip_level = gzip_level
+        self.host = host
+        self.datetime_format = datetime_format
         base = pattern.removesuffix(".gz") if compress else pattern
         self.pattern = with_rev(base) + (".gz" if compress else "")
         self.compress = compress
@@ -111,7 +166,7 @@ class Sink:
         self.clock = clock
         self.current: OutFile | None = None
         self.closing: list[OutFile] = []  # rotated out; closed after their lines are synced
-        self.closed: list[OutFile] = []
+        self.closed: list[OutFile] = []  # paths: where they are now (the output dir)
         self.written = 0
         self._group = _Group()
         self._wake = anyio.Event()
@@ -134,7 +189,7 @@ class Sink:
 
     def _file(self) -> OutFile:
         now = self.clock()
-        key = render_name(self.pattern, self.topic, now, 0)
+        key = self._name(now, 0)
         f = self.current
         if f is not None and (
             f.key != key
@@ -150,8 +205,13 @@ class Sink:
     def _open(self, key: str, now: float) -> OutFile:
         rev = 0
         while True:
-            name = render_name(self.pattern, self.topic, now, rev)
+            name = self._name(now, rev)
             path = os.path.join(self.directory, name)
+            if self.output_dir != self.directory and os.path.exists(
+                os.path.join(self.output_dir, name)
+            ):
+                rev += 1  # a finished file of that name: never overwritten by a move
+                continue
             try:
                 raw: BinaryIO = open(path, "xb")  # noqa: SIM115 - closed by finish/sync
             except FileExistsError:
@@ -159,8 +219,15 @@ class Sink:
                 continue
             break
         self._new_dir_entry = True
-        gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw) if self.compress else None
+        gz = (
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=self.gzip_level)
+            if self.compress
+            else None
+        )
         return OutFile(path, key, raw, gz, now)
+
+    def _name(self, now: float, rev: int) -> str:
+        return render_name(self.pattern, self.topic, now, rev, self.host, self.datetime_format)
 
     # -- syncing ---------------------------------------------------------------------------------
 
@@ -202,6 +269,8 @@ class Sink:
                 self.closed.append(f)
             group.done.set()
         self.written += group.count
+        if closing and self.output_dir != self.directory:
+            await anyio.to_thread.run_sync(_move, closing, self.output_dir)
 
     async def close(self) -> None:
         """Sync and close everything (at the end: nothing is waiting any more)."""
@@ -209,6 +278,30 @@ class Sink:
             self.closing.append(self.current)
             self.current = None
         await self.sync()
+
+
+def _move(files: list[OutFile], output_dir: str) -> None:
+    """Move finished (synced, closed) files from the work directory to the output one."""
+    for f in files:
+        target = os.path.join(output_dir, os.path.basename(f.path))
+        try:
+            os.rename(f.path, target)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            shutil.copyfile(f.path, target)  # another file system: copy, sync, then remove
+            _fsync_path(target)
+            os.unlink(f.path)
+        f.path = target
+    _fsync_path(output_dir)
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync(fds: list[int], directory: str | None) -> None:

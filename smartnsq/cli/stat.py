@@ -24,6 +24,8 @@ __all__ = ["command", "render"]
 
 @click.command("stat")
 @click.argument("topic", required=False)
+@click.option("--topic", "topic_flag", help="Only this topic (same as TOPIC, as nsq_stat's).")
+@click.option("--channel", help="Only this channel of the topics shown.")
 @click.option(
     "--nsqd-http",
     multiple=True,
@@ -39,24 +41,48 @@ __all__ = ["command", "render"]
     help="Seconds between the two samples that give the rates (and between refreshes).",
 )
 @click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    help="Show COUNT reports, --interval apart, then exit (implies --watch).",
+)
 @common_options
-def command(topic: str | None, nsqd_http: tuple[str, ...], interval: float, watch: bool) -> int:
+def command(
+    topic: str | None,
+    topic_flag: str | None,
+    channel: str | None,
+    nsqd_http: tuple[str, ...],
+    interval: float,
+    watch: bool,
+    count: int | None,
+) -> int:
     """Show nsqd nodes, topics (on Youzan: partitions, leader, replicas) and channels with
-    depth, in-flight and message rates. Only TOPIC when given."""
+    depth (in memory and on disk), in-flight and message rates. Only TOPIC when given."""
     options = common()
+    if topic and topic_flag and topic != topic_flag:
+        raise click.UsageError("give the topic once: TOPIC or --topic")
+    topic = topic or topic_flag
     http = split_addresses(nsqd_http)
     if not options.lookupd and not http:
         hint = " (--nsqd is the TCP address; stat needs the HTTP one)" if options.nsqd else ""
         raise CliError(f"stat needs --lookupd or --nsqd-http HOST:HTTP_PORT{hint}")
     if topic is not None:
         validate_topic(topic)
-    anyio.run(_stat, options, http, topic, interval, watch)
+    view = _View(topic, channel, interval, count)
+    anyio.run(_stat, options, http, view, watch or count is not None)
     return 0
 
 
-async def _stat(
-    options: Common, http: list[str], topic: str | None, interval: float, watch: bool
-) -> None:
+@dataclasses.dataclass
+class _View:
+    topic: str | None
+    channel: str | None
+    interval: float
+    count: int | None  # reports to show; None: until Ctrl-C (with --watch)
+
+
+async def _stat(options: Common, http: list[str], view: _View, watch: bool) -> None:
+    topic, interval = view.topic, view.interval
     client = HttpClient()
     nodes = await find_nodes(client, options.lookupd, http)
     configure_logging(options)  # after discovery, whose failure is reported as one line
@@ -67,16 +93,18 @@ async def _stat(
         raise CliError("no nsqd answered /stats: " + "; ".join(first.errors.values()))
     if not watch:
         await anyio.sleep(interval)
-        snapshot = _checked(nodes, first, await sample(client, nodes, topic), topic)
+        snapshot = _checked(nodes, first, await sample(client, nodes, topic), view)
         _show(snapshot, options)
         return
-    await _watch(client, options, nodes, first, topic, interval)
+    await _watch(client, options, nodes, first, view)
 
 
-def _checked(nodes: list[Node], first: Any, last: Any, topic: str | None) -> Snapshot:
-    snapshot = summarize(nodes, first, last)
-    if topic is not None and not snapshot.topics:
-        raise CliError(f"no nsqd has topic {topic!r}")
+def _checked(nodes: list[Node], first: Any, last: Any, view: _View) -> Snapshot:
+    snapshot = summarize(nodes, first, last, view.channel)
+    if view.topic is not None and not snapshot.topics:
+        raise CliError(f"no nsqd has topic {view.topic!r}")
+    if view.channel is not None and not any(t["channels"] for t in snapshot.topics):
+        raise CliError(f"no topic shown has channel {view.channel!r}")
     return snapshot
 
 
@@ -88,13 +116,9 @@ def _show(snapshot: Snapshot, options: Common) -> None:
 
 
 async def _watch(
-    client: HttpClient,
-    options: Common,
-    nodes: list[Node],
-    first: Any,
-    topic: str | None,
-    interval: float,
+    client: HttpClient, options: Common, nodes: list[Node], first: Any, view: _View
 ) -> None:
+    shown = 0
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with anyio.create_task_group() as tg:
 
@@ -107,15 +131,17 @@ async def _watch(
             try:
                 if live is not None:
                     live.start()
-                while True:
-                    await anyio.sleep(interval)
-                    last = await sample(client, nodes, topic)
-                    snapshot = summarize(nodes, first, last)
+                while view.count is None or shown < view.count:
+                    await anyio.sleep(view.interval)
+                    last = await sample(client, nodes, view.topic)
+                    snapshot = summarize(nodes, first, last, view.channel)
                     if live is None:
                         print_json(dataclasses.asdict(snapshot))
                     else:
                         live.update(render(snapshot), refresh=True)
                     first = last
+                    shown += 1
+                tg.cancel_scope.cancel()
             finally:
                 if live is not None:
                     live.stop()
@@ -134,6 +160,9 @@ def _n(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+_TEXT_COLUMNS = ("topic", "partition", "nsqd (leader)", "replicas")
+
+
 def render(snapshot: Snapshot) -> Group:
     """Three rich tables: nodes, topics (by partition or node), channels."""
     nodes = Table(title="nsqd nodes", title_justify="left")
@@ -147,11 +176,12 @@ def render(snapshot: Snapshot) -> Group:
         )  # fmt: skip
     rate = f"msg/s ({snapshot.interval:.1f}s)"
     topics = Table(title="topics", title_justify="left")
-    for col in ("topic", "partition", "nsqd (leader)", "replicas", "depth", "messages", rate):
-        topics.add_column(col, justify="right" if col in ("depth", "messages", rate) else "left")
+    for col in ("topic", "partition", "nsqd (leader)", "replicas", "depth", "mem", "disk",
+                "messages", rate):  # fmt: skip
+        topics.add_column(col, justify="left" if col in _TEXT_COLUMNS else "right")
     channels = Table(title="channels", title_justify="left")
-    cols = ("topic", "channel", "depth", "in flight", "deferred", "requeued", "timed out",
-            "clients", "messages", rate)  # fmt: skip
+    cols = ("topic", "channel", "depth", "mem", "disk", "in flight", "deferred", "requeued",
+            "timed out", "clients", "messages", rate, "egress/s")  # fmt: skip
     for col in cols:
         channels.add_column(col, justify="left" if col in ("topic", "channel") else "right")
     for t in snapshot.topics:
@@ -159,13 +189,15 @@ def render(snapshot: Snapshot) -> Group:
             replicas = ", ".join(r for r in p["replicas"] if r != p["leader"]) or "-"
             topics.add_row(
                 t["topic"], _n(p["partition"]), p["leader"] or "[red]none[/red]", replicas,
-                _n(p.get("depth")), _n(p.get("messages")), _n(p.get("rate")),
+                _n(p.get("depth")), _n(p.get("memory_depth")), _n(p.get("disk_depth")),
+                _n(p.get("messages")), _n(p.get("rate")),
             )  # fmt: skip
         for c in t["channels"]:
             name = c["channel"] + (" (paused)" if c.get("paused") else "")
             channels.add_row(
-                t["topic"], name, _n(c["depth"]), _n(c["in_flight"]), _n(c["deferred"]),
+                t["topic"], name, _n(c["depth"]), _n(c.get("memory_depth")),
+                _n(c.get("disk_depth")), _n(c["in_flight"]), _n(c["deferred"]),
                 _n(c["requeued"]), _n(c["timed_out"]), _n(c["clients"]), _n(c["messages"]),
-                _n(c.get("rate")),
+                _n(c.get("rate")), _n(c.get("egress_rate")),
             )  # fmt: skip
     return Group(nodes, topics, channels)

@@ -18,7 +18,16 @@ from smartnsq.errors import NSQError
 from smartnsq.http import HttpClient, HttpError
 from smartnsq.lookup.manager import LookupManager
 
-__all__ = ["Node", "Sample", "Snapshot", "find_nodes", "sample", "summarize"]
+__all__ = [
+    "Node",
+    "Sample",
+    "Snapshot",
+    "find_nodes",
+    "get_json",
+    "host_port",
+    "sample",
+    "summarize",
+]
 
 ACCEPT = {"Accept": "application/vnd.nsq; version=1.0"}
 TIMEOUT = 5.0
@@ -53,7 +62,7 @@ class Snapshot:
     interval: float
 
 
-async def _get_json(client: HttpClient, url: str) -> Any:
+async def get_json(client: HttpClient, url: str) -> Any:
     with anyio.fail_after(TIMEOUT):
         response = await client.get(url, None, ACCEPT, max_size=MAX_ANSWER)
     if response.status != 200:
@@ -62,6 +71,13 @@ async def _get_json(client: HttpClient, url: str) -> Any:
     if isinstance(body, dict) and "status_code" in body and "data" in body:
         body = body["data"]  # the legacy envelope
     return body
+
+
+def host_port(host: str, port: object) -> str:
+    """``host:port``, with an IPv6 address in brackets (``[::1]:4151``), as URLs need."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
 
 
 async def find_nodes(client: HttpClient, lookupds: list[str], nsqd_http: list[str]) -> list[Node]:
@@ -77,16 +93,16 @@ async def find_nodes(client: HttpClient, lookupds: list[str], nsqd_http: list[st
     errors: list[str] = []
     for url in urls:
         try:
-            body = await _get_json(client, f"{url}/nodes")
+            body = await get_json(client, f"{url}/nodes")
         except (CliError, HttpError, TimeoutError, ValueError) as exc:
             errors.append(f"{url}: {exc}")
             continue
         for p in (body or {}).get("producers") or []:
-            host = p.get("broadcast_address", "")
-            http = f"{host}:{p.get('http_port')}"
+            host = str(p.get("broadcast_address", ""))
+            http = host_port(host, p.get("http_port"))
             nodes[http] = Node(
                 http=http,
-                tcp=f"{host}:{p.get('tcp_port')}",
+                tcp=host_port(host, p.get("tcp_port")),
                 version=str(p.get("version", "")),
                 hostname=str(p.get("hostname", "")),
             )
@@ -102,7 +118,7 @@ async def sample(client: HttpClient, nodes: list[Node], topic: str | None) -> Sa
 
     async def one(node: Node) -> None:
         try:
-            result.stats[node.http] = await _get_json(client, f"http://{node.http}/stats{query}")
+            result.stats[node.http] = await get_json(client, f"http://{node.http}/stats{query}")
         except (CliError, HttpError, TimeoutError, ValueError) as exc:
             result.errors[node.http] = str(exc) or type(exc).__name__
 
@@ -135,6 +151,7 @@ def _rate(now: int, before: int | None, dt: float) -> float | None:
 
 _CHANNEL_FIELDS = {
     "depth": "depth",
+    "disk_depth": "backend_depth",
     "in_flight": "in_flight_count",
     "deferred": "deferred_count",
     "requeued": "requeue_count",
@@ -143,20 +160,33 @@ _CHANNEL_FIELDS = {
 }
 
 
+def _memory_depth(entry: dict[str, Any]) -> int:
+    """nsqd reports the depth and the part on disk (``backend_depth``); the rest is in
+    memory, as nsq_stat computes it."""
+    return max(0, _int(entry.get("depth")) - _int(entry.get("backend_depth")))
+
+
 def _channel(c: dict[str, Any], old: dict[str, Any] | None, dt: float) -> dict[str, Any]:
     row: dict[str, Any] = {k: _int(c.get(v)) for k, v in _CHANNEL_FIELDS.items()}
+    row["memory_depth"] = _memory_depth(c)
     clients = c.get("clients")
     row["clients"] = len(clients) if isinstance(clients, list) else _int(c.get("client_num"))
     row["paused"] = bool(c.get("paused"))
     row["rate"] = _rate(
         row["messages"], None if old is None else _int(old.get("message_count")), dt
     )
+    # What left the channel (nsq_stat's egress): messages that came in, less depth growth.
+    row["egress_rate"] = (
+        None
+        if old is None or row["rate"] is None or dt <= 0
+        else round(max(0, row["rate"] * dt - (row["depth"] - _int(old.get("depth")))) / dt, 1)
+    )
     return row
 
 
 def _add(total: dict[str, Any], row: dict[str, Any]) -> None:
     for k, v in row.items():
-        if k == "rate":  # None: no earlier sample to compare with
+        if k in ("rate", "egress_rate"):  # None: no earlier sample to compare with
             total[k] = None if v is None else (total.get(k) or 0) + v
         elif isinstance(v, bool):
             total[k] = total.get(k, False) or v
@@ -164,8 +194,11 @@ def _add(total: dict[str, Any], row: dict[str, Any]) -> None:
             total[k] = total.get(k, 0) + v
 
 
-def summarize(nodes: list[Node], first: Sample | None, last: Sample) -> Snapshot:
-    """Nodes, and topics with their partitions and channels, with rates from two samples."""
+def summarize(
+    nodes: list[Node], first: Sample | None, last: Sample, channel: str | None = None
+) -> Snapshot:
+    """Nodes, and topics with their partitions and channels (only ``channel`` when given),
+    with rates from two samples."""
     dt = last.at - first.at if first is not None else 0.0
     before = _entries(first) if first is not None else {}
     now = _entries(last)
@@ -188,7 +221,16 @@ def summarize(nodes: list[Node], first: Sample | None, last: Sample) -> Snapshot
     for (node, name, partition), t in sorted(now.items(), key=lambda kv: (kv[0][1], kv[0][2] or 0)):
         old = before.get((node, name, partition))
         topic = topics.setdefault(
-            name, {"topic": name, "depth": 0, "messages": 0, "rate": None, "parts": {}}
+            name,
+            {
+                "topic": name,
+                "depth": 0,
+                "memory_depth": 0,
+                "disk_depth": 0,
+                "messages": 0,
+                "rate": None,
+                "parts": {},
+            },
         )
         leader = t.get("is_leader", True) is not False
         key = str(partition) if partition is not None else node
@@ -202,20 +244,32 @@ def summarize(nodes: list[Node], first: Sample | None, last: Sample) -> Snapshot
         part["leader"] = tcp_of.get(node, node)
         messages = _int(t.get("message_count"))
         old_messages = None if old is None else _int(old.get("message_count"))
-        part.update(depth=_int(t.get("depth")), messages=messages)
+        part.update(
+            depth=_int(t.get("depth")),
+            memory_depth=_memory_depth(t),
+            disk_depth=_int(t.get("backend_depth")),
+            messages=messages,
+        )
         part["rate"] = _rate(messages, old_messages, dt)
         old_channels = {c.get("channel_name"): c for c in (old or {}).get("channels") or []}
         for c in t.get("channels") or []:
             cname = str(c.get("channel_name"))
+            if channel is not None and cname != channel:
+                continue
             part["channels"][cname] = _channel(c, old_channels.get(cname), dt)
-    return Snapshot(node_rows, [_topic_totals(t) for t in topics.values()], dt)
+    rows = [_topic_totals(t) for t in topics.values()]
+    if channel is not None:
+        rows = [t for t in rows if t["channels"]]  # only the topics that have it
+    return Snapshot(node_rows, rows, dt)
 
 
 def _topic_totals(topic: dict[str, Any]) -> dict[str, Any]:
     parts = list(topic.pop("parts").values())
     channels: dict[str, dict[str, Any]] = {}
     for part in parts:
-        _add(topic, {k: part.get(k, 0) for k in ("depth", "messages")})
+        _add(
+            topic, {k: part.get(k, 0) for k in ("depth", "memory_depth", "disk_depth", "messages")}
+        )
         if part.get("rate") is not None:
             topic["rate"] = (topic["rate"] or 0) + part["rate"]
         for cname, row in part["channels"].items():

@@ -1,32 +1,66 @@
-"""``smartnsq tail TOPIC``: print messages as they arrive."""
+"""``smartnsq tail TOPIC...``: print messages as they arrive."""
 
 from __future__ import annotations
 
 import base64
 import secrets
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import click
 
-from smartnsq import Consumer, Message, serve
+from smartnsq import Consumer, Message
 from smartnsq.cli.options import Common, common, common_options
 from smartnsq.cli.output import configure_logging, print_json
 from smartnsq.cli.reach import check_reachable
+from smartnsq.cli.topics import TopicRunner, serving
+from smartnsq.cli.words import pass_through
 from smartnsq.errors import NSQError
+from smartnsq.protocol.names import validate_topic
 
-__all__ = ["command", "message_meta"]
+__all__ = ["RESERVED", "command", "message_meta", "message_record", "topic_list"]
+
+
+# Consumer keywords the command's own flags set: refused by --consumer-opt.
+RESERVED = {
+    "topic": "TOPIC / --topic",
+    "channel": "--channel",
+    "handler": "(none: the command handles messages)",
+    "nsqd_tcp_addresses": "--nsqd",
+    "lookupd_http_addresses": "--lookupd",
+    "tls": "--tls",
+    "auth_secret": "--auth-secret",
+    "max_in_flight": "--max-in-flight",
+}
+
+
+def topic_list(args: tuple[str, ...], flags: tuple[str, ...]) -> list[str]:
+    """TOPIC arguments and --topic flags, in order, once each, validated."""
+    topics = list(dict.fromkeys([*args, *flags]))
+    for topic in topics:
+        validate_topic(topic)
+    return topics
 
 
 @click.command("tail")
-@click.argument("topic")
+@click.argument("topics", nargs=-1)
+@click.option(
+    "--topic",
+    "topic_flags",
+    multiple=True,
+    help="A topic to read (repeatable; same as TOPIC arguments, as nsq_tail's --topic).",
+)
 @click.option(
     "--channel",
     help="Read from this channel (shared with its other readers) instead of a private "
     "ephemeral one that nsqd deletes when tail exits.",
 )
 @click.option("-n", "--count", type=click.IntRange(min=1), help="Exit after COUNT messages.")
+@click.option(
+    "--print-topic", is_flag=True, help="Start each line with the message's topic and a tab."
+)
 @click.option(
     "--show-meta",
     is_flag=True,
@@ -37,46 +71,101 @@ __all__ = ["command", "message_meta"]
     type=click.IntRange(min=1),
     default=200,
     show_default=True,
-    help="Messages nsqd may send ahead.",
+    help="Messages nsqd may send ahead (per topic).",
+)
+@click.option(
+    "--consumer-opt",
+    "consumer_opts",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Any other Consumer keyword (e.g. snappy=true, sample_rate=10); repeatable.",
 )
 @common_options
 def command(
-    topic: str, channel: str | None, count: int | None, show_meta: bool, max_in_flight: int
+    topics: tuple[str, ...],
+    topic_flags: tuple[str, ...],
+    channel: str | None,
+    count: int | None,
+    print_topic: bool,
+    show_meta: bool,
+    max_in_flight: int,
+    consumer_opts: tuple[str, ...],
 ) -> int:
-    """Print the messages of TOPIC as they arrive, one per line.
+    """Print the messages of TOPICs as they arrive, one per line.
 
     By default from a new ephemeral channel, so only messages published from now on are shown
-    and nothing is taken from other readers. Ctrl-C stops.
+    and nothing is taken from other readers. A topic that does not exist yet is reported on
+    stderr and waited for. Ctrl-C stops.
     """
     options = common()
+    names = topic_list(topics, topic_flags)
+    if not names:
+        raise click.UsageError("name a topic: TOPIC or --topic TOPIC")
     channel = channel or f"tail_{secrets.token_hex(4)}#ephemeral"
     if count is not None:
         # More in flight than wanted would only be requeued at the end.
         max_in_flight = min(max_in_flight, count)
-    consumer = Consumer(topic, channel, max_in_flight=max_in_flight, **options.client_options())
-    anyio.run(_tail, consumer, options, count, show_meta)
+    extra = pass_through("--consumer-opt", consumer_opts, Consumer, RESERVED)
+    client = options.client_options()
+    printer = _Printer(options, count, print_topic, show_meta)
+
+    def make(topic: str) -> Consumer:
+        return Consumer(
+            topic, channel, printer.handler(topic), max_in_flight=max_in_flight, **client, **extra
+        )
+
+    anyio.run(_tail, printer, options, names, make)
     return 0
 
 
-async def _tail(consumer: Consumer, options: Common, count: int | None, show_meta: bool) -> None:
-    await check_reachable(options, consumer.topic)
+class _Printer:
+    """The handler of every topic's Consumer: prints, counts, stops at --count."""
+
+    def __init__(
+        self, options: Common, count: int | None, print_topic: bool, show_meta: bool
+    ) -> None:
+        self.options = options
+        self.count = count
+        self.print_topic = print_topic
+        self.show_meta = show_meta
+        self.seen = 0
+        self.runner: TopicRunner | None = None
+        self.out = sys.stdout.buffer
+
+    def handler(self, topic: str) -> Callable[[Message], Awaitable[None]]:
+        async def handle(message: Message) -> None:
+            self.show(topic, message)
+
+        return handle
+
+    def show(self, topic: str, message: Message) -> None:
+        if self.count is not None and self.seen >= self.count:
+            # Arrived after the last one wanted: back to the channel, untouched.
+            message.requeue(0, backoff=False)
+            return
+        self.seen += 1
+        if self.options.json:
+            record = message_record(message, self.show_meta)
+            if self.print_topic:
+                record = {"topic": topic, **record}
+            print_json(record)
+        else:
+            prefix = topic + "\t" if self.print_topic else ""
+            if self.show_meta:
+                prefix += _meta_text(message_meta(message)) + "\t"
+            self.out.write(prefix.encode() + message.body + b"\n")
+            self.out.flush()
+        if self.count is not None and self.seen >= self.count and self.runner is not None:
+            self.runner.stop()
+
+
+async def _tail(
+    printer: _Printer, options: Common, topics: list[str], make: Callable[[str], Consumer]
+) -> None:
+    await check_reachable(options, topics[0])
     configure_logging(options)  # after the check, whose failure is reported as one line
-    out = sys.stdout.buffer
-
-    async def main() -> None:
-        seen = 0
-        async for message in consumer:
-            if options.json:
-                print_json(message_record(message, show_meta))
-            else:
-                prefix = _meta_text(message_meta(message)) + "\t" if show_meta else ""
-                out.write(prefix.encode() + message.body + b"\n")
-                out.flush()
-            seen += 1
-            if count is not None and seen >= count:
-                return
-
-    await serve(consumer, main=main)
+    printer.runner = TopicRunner("tail", options, serving(make))
+    await printer.runner.run(topics)
 
 
 def message_meta(message: Message) -> dict[str, Any]:

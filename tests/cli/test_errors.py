@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -48,13 +49,29 @@ def test_environment_variables_are_read_and_split_on_commas():
     one_line_error(result, "nsqd 127.0.0.1:1", "nsqd 127.0.0.1:2")
 
 
-def test_a_publish_that_fails_is_reported_per_line_and_exits_1():
+def test_a_publish_that_fails_is_one_line_with_a_count_and_exits_1():
     topic = unique("cli_err")
     result = run_cli("pub", "--nsqd", NOWHERE, topic, input=b"one\ntwo\n")
+    one_line_error(result, "published 0 messages", "2 failed", "first: <stdin> line 1")
     assert result.returncode == 1
-    err = result.stderr.decode()
-    assert "<stdin>: line 1-2 not published" in err
-    assert "published 0 messages" in err and "2 failed" in err
+
+
+def test_thousands_of_bad_lines_are_one_short_line_and_listed_by_json():
+    # Not JSON, so no --key-field: every line fails on its own.
+    lines = b"".join(b"x%d\n" % i for i in range(1, 5001))
+    args = ["pub", "--nsqd", NOWHERE, "--key-field", "k", unique("cli_bad")]
+    result = run_cli(*args, input=lines)
+    line = one_line_error(result, "5000 failed", "<stdin> line 1: not JSON, so no --key-field k")
+    assert len(line) < 300
+    detailed = run_cli(*args, "--json", input=lines)
+    assert detailed.returncode == 1 and detailed.stderr == b""
+    *failures, summary = [json.loads(x) for x in detailed.stdout.splitlines()]
+    assert len(failures) == 5000 and failures[41] == {
+        "source": "<stdin>",
+        "lines": "42",
+        "error": "not JSON, so no --key-field k",
+    }
+    assert summary["failed"] == 5000 and summary["published"] == 0
 
 
 def test_smartnsq_works_without_click_and_rich_and_does_not_load_the_cli():

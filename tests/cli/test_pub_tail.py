@@ -80,7 +80,8 @@ def test_ctrl_c_stops_reading_and_says_how_many_were_published(classic_cluster):
     assert wait_exit(pub) == 130
     err = pub.stderr.read().decode()  # type: ignore[union-attr]
     assert err.splitlines() == [
-        f"smartnsq pub: interrupted: published 3 messages to {topic}; input read up to <stdin>:3"
+        f"smartnsq pub: interrupted: published 3 messages to {topic}; "
+        "acknowledged up to <stdin>:3: go on with --resume-from 3"
     ]
     pub.stdin.close()
 

@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from tests.cli.clihelp import LineReader, addresses, lines_of, run_cli, spawn_cli, wait_exit
-from tests.helpers import unique
+from tests.helpers import create_channel, unique
 
 pytestmark = pytest.mark.integration
 
@@ -79,3 +79,49 @@ def test_stat_watch_reports_the_publish_rate_until_ctrl_c(classic_cluster):
     watch.send_signal(signal.SIGINT)
     assert wait_exit(watch) == 0
     assert json.loads(reader.lines[-1])["topics"][0]["messages"] == 31
+
+
+def test_stat_brackets_ipv6_addresses_from_lookupd(cluster_factory):
+    # nsqd announces ::1 to lookupd; it listens on 127.0.0.1 only, so its /stats cannot be
+    # read at the announced address: what matters here is how the address is written and
+    # that it was tried as an address (a refused connection, not a malformed URL).
+    cluster = cluster_factory(kind="classic", nsqd=1, nsqd_args=["--broadcast-address=::1"])
+    nsqd = cluster.nsqd[0]
+    result = run_cli("stat", *addresses(cluster), "--json", "--nsqd-http", nsqd.http)
+    assert result.returncode == 0, result.stderr
+    nodes = {n["http"]: n for n in json.loads(result.stdout)["nodes"]}
+    http_port, tcp_port = nsqd.http.rpartition(":")[2], nsqd.tcp.rpartition(":")[2]
+    v6 = nodes[f"[::1]:{http_port}"]
+    assert v6["tcp"] == f"[::1]:{tcp_port}"
+    assert "refused" in v6["error"].lower() or "connect" in v6["error"].lower(), v6["error"]
+    assert nodes[nsqd.http]["health"] == "OK"
+    table = run_cli("stat", *addresses(cluster), "--nsqd-http", nsqd.http, "--interval", "0.1")
+    assert f"[::1]:{tcp_port}" in table.stdout.decode(), table.stdout
+
+
+def test_stat_channel_count_and_memory_disk_depth(cluster_factory):
+    # A memory queue of 2 messages: the rest of the depth is on disk.
+    cluster = cluster_factory(kind="classic", nsqd=1, nsqd_args=["--mem-queue-size=2"])
+    nsqd = cluster.nsqd[0]
+    topic = unique("cli_statdisk")
+    create_channel(nsqd.http, topic, "keep")
+    create_channel(nsqd.http, topic, "other")
+    assert run_cli("pub", "--nsqd", nsqd.tcp, topic, input=lines_of(*"abcde")).returncode == 0
+    result = run_cli(
+        "stat", "--nsqd-http", nsqd.http, "--json", "--interval", "0.1", "--count", "2",
+        "--topic", topic, "--channel", "keep",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    reports = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(reports) == 2  # --count reports, then it exits
+    (t,) = reports[-1]["topics"]
+    (c,) = t["channels"]  # only --channel
+    assert c["channel"] == "keep"
+    assert (c["depth"], c["memory_depth"], c["disk_depth"]) == (5, 2, 3)
+    assert c["egress_rate"] == 0
+    table = run_cli("stat", "--nsqd-http", nsqd.http, "--interval", "0.1", "--channel", "keep")
+    header = next(row for row in table.stdout.decode().splitlines() if "in flight" in row)
+    assert [h.strip() for h in header.split("┃")[3:6]] == ["depth", "mem", "disk"]
+    assert "other" not in table.stdout.decode()
+    missing = run_cli("stat", "--nsqd-http", nsqd.http, "--interval", "0.1", "--channel", "nope")
+    assert b"no topic shown has channel 'nope'" in missing.stderr

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import anyio
 import pytest
 
 from compat.youzan import create_topic
+from smartnsq import Producer
 from smartnsq.ordered import go_partition
 from tests.cli.clihelp import addresses, lines_of, run_cli
 from tests.helpers import unique, wait_for
@@ -44,12 +46,13 @@ def test_pub_key_field_lands_like_the_producer_and_tail_shows_the_partition(youz
         "pub", *addresses(youzan_cluster), "--key-field", "user", topic,
         input=lines_of(*lines, "not json", '{"user": [1]}'),
     )  # fmt: skip
-    # The two bad lines are reported, one line each, and make the exit status 1.
+    # The two bad lines are counted in one line (the first one named) and make the exit
+    # status 1; --json lists each.
     assert pub.returncode == 1
     assert pub.stderr.decode().splitlines() == [
-        "smartnsq pub: <stdin>: line 41 not published: not JSON, so no --key-field user",
-        "smartnsq pub: <stdin>: line 42 not published: field 'user' is list, not a string or int",
-        f"smartnsq pub: published 40 messages to {topic}, 2 failed",
+        f"smartnsq pub: published 40 messages to {topic}, 2 failed (first: <stdin> line 41: "
+        "not JSON, so no --key-field user; --json lists them); acknowledged up to <stdin>:40: "
+        "go on with --resume-from 40"
     ]
     expected = Counter(go_partition(u, 2) for u in users)
     assert set(expected) == {0, 1}  # the keys really spread over both partitions
@@ -118,3 +121,43 @@ def test_pub_key_and_trace_and_stat_replicas(youzan_cluster):
     row = next(r for r in table.stdout.decode().splitlines() if topic in r and f"│ {wanted} " in r)
     cells = [c.strip() for c in row.split("│")]
     assert cells[3] == leaders[wanted] and cells[4] == leaders[1 - wanted]  # leader, replica
+
+
+def test_pub_key_through_nsqd_alone_on_youzan_asks_for_lookupd(youzan_cluster):
+    # The partition count comes from lookupd: without it a key cannot pick a partition.
+    nsqd = youzan_cluster.nsqd[0]
+    pub = run_cli("pub", "--nsqd", nsqd.tcp, "--key", "k", unique("cli_yzkey"), input=b"x\n")
+    assert pub.returncode == 1
+    err = pub.stderr.decode()
+    assert err.count("\n") == 1 and "Youzan nsqd" in err and "give --lookupd" in err, err
+    assert "lookupd_http_addresses" not in err and "sharding_key" not in err
+
+
+def test_to_nsq_keeps_headers_and_trace_ids_on_youzan_ext_topics(youzan_cluster):
+    src, dst = unique("cli_yzdead"), unique("cli_yzdst")
+    create_topic(youzan_cluster, src, partitions=1, replicas=1, ext=True, channel="replay")
+    create_topic(youzan_cluster, dst, partitions=1, replicas=1, ext=True, channel="ch")
+    lookupd = [d.http for d in youzan_cluster.lookupd]
+
+    async def publish() -> None:
+        async with Producer(lookupd_http_addresses=lookupd) as producer:
+            for i in range(3):
+                await producer.publish(
+                    src, b"m%d" % i, headers={"order": str(i)}, trace_id=1000 + i
+                )
+
+    anyio.run(publish)
+    copy = run_cli(
+        "to-nsq", src, *addresses(youzan_cluster), "--channel", "replay", "--to", dst,
+        "--limit", "3", "--json",
+    )  # fmt: skip
+    assert copy.returncode == 0, copy.stderr
+    assert json.loads(copy.stdout)["published"] == 3
+    tail = run_cli(
+        "tail", *addresses(youzan_cluster), "--channel", "ch", "-n", "3", "--json",
+        "--show-meta", dst,
+    )  # fmt: skip
+    records = sorted((json.loads(x) for x in tail.stdout.splitlines()), key=lambda r: r["body"])
+    assert [r["body"] for r in records] == ["m0", "m1", "m2"]
+    assert [r["headers"].get("order") for r in records] == ["0", "1", "2"]
+    assert [r["trace_id"] for r in records] == [1000, 1001, 1002]
