@@ -57,7 +57,8 @@ def command(
     count: int | None,
 ) -> int:
     """Show nsqd nodes, topics (on Youzan: partitions, leader, replicas) and channels with
-    depth (in memory and on disk), in-flight and message rates. Only TOPIC when given."""
+    lag (messages not consumed yet, per partition on Youzan), depth (in memory and on disk),
+    in-flight and message rates. Only TOPIC when given."""
     options = common()
     if topic and topic_flag and topic != topic_flag:
         raise click.UsageError("give the topic once: TOPIC or --topic")
@@ -180,8 +181,9 @@ def render(snapshot: Snapshot) -> Group:
                 "messages", rate):  # fmt: skip
         topics.add_column(col, justify="left" if col in _TEXT_COLUMNS else "right")
     channels = Table(title="channels", title_justify="left")
-    cols = ("topic", "channel", "depth", "mem", "disk", "in flight", "deferred", "requeued",
-            "timed out", "clients", "messages", rate, "egress/s")  # fmt: skip
+    cols = ("topic", "channel", "lag", "by partition", "depth", "mem", "disk", "in flight",
+            "deferred", "requeued", "timed out", "clients", "messages", rate,
+            "egress/s")  # fmt: skip
     for col in cols:
         channels.add_column(col, justify="left" if col in ("topic", "channel") else "right")
     for t in snapshot.topics:
@@ -194,8 +196,11 @@ def render(snapshot: Snapshot) -> Group:
             )  # fmt: skip
         for c in t["channels"]:
             name = c["channel"] + (" (paused)" if c.get("paused") else "")
+            parts = c.get("lag_by_partition") or {}
+            by_partition = " ".join(f"{p}:{n}" for p, n in sorted(parts.items())) or "-"
             channels.add_row(
-                t["topic"], name, _n(c["depth"]), _n(c.get("memory_depth")),
+                t["topic"], name, _n(c["lag"]), by_partition, _n(c["depth"]),
+                _n(c.get("memory_depth")),
                 _n(c.get("disk_depth")), _n(c["in_flight"]), _n(c["deferred"]),
                 _n(c["requeued"]), _n(c["timed_out"]), _n(c["clients"]), _n(c["messages"]),
                 _n(c.get("rate")), _n(c.get("egress_rate")),

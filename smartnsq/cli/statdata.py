@@ -166,9 +166,14 @@ def _memory_depth(entry: dict[str, Any]) -> int:
     return max(0, _int(entry.get("depth")) - _int(entry.get("backend_depth")))
 
 
-def _channel(c: dict[str, Any], old: dict[str, Any] | None, dt: float) -> dict[str, Any]:
+def _channel(
+    c: dict[str, Any], old: dict[str, Any] | None, dt: float, partitioned: bool
+) -> dict[str, Any]:
     row: dict[str, Any] = {k: _int(c.get(v)) for k, v in _CHANNEL_FIELDS.items()}
     row["memory_depth"] = _memory_depth(c)
+    # Messages not consumed yet (smartnsq.lag): a Youzan partition's channel depth already
+    # counts what is in flight; classic nsqd keeps in-flight and deferred apart from depth.
+    row["lag"] = row["depth"] if partitioned else row["depth"] + row["in_flight"] + row["deferred"]
     clients = c.get("clients")
     row["clients"] = len(clients) if isinstance(clients, list) else _int(c.get("client_num"))
     row["paused"] = bool(c.get("paused"))
@@ -256,7 +261,9 @@ def summarize(
             cname = str(c.get("channel_name"))
             if channel is not None and cname != channel:
                 continue
-            part["channels"][cname] = _channel(c, old_channels.get(cname), dt)
+            part["channels"][cname] = _channel(
+                c, old_channels.get(cname), dt, partition is not None
+            )
     rows = [_topic_totals(t) for t in topics.values()]
     if channel is not None:
         rows = [t for t in rows if t["channels"]]  # only the topics that have it
@@ -277,6 +284,9 @@ def _topic_totals(topic: dict[str, Any]) -> dict[str, Any]:
             _add(total, row)
     partitioned = any(p["partition"] is not None for p in parts)
     for part in parts:
+        if partitioned:
+            for cname, row in part["channels"].items():
+                channels[cname].setdefault("lag_by_partition", {})[part["partition"]] = row["lag"]
         part["channels"] = [{"channel": k, **v} for k, v in part["channels"].items()]
     topic["partitioned"] = partitioned
     topic["partitions" if partitioned else "nodes"] = parts

@@ -39,6 +39,23 @@ def test_stat_json_shows_nodes_topics_and_channels_from_lookupd(classic_cluster,
     (channel,) = topic["channels"]
     assert channel["channel"] == "c"
     assert (channel["depth"], channel["in_flight"], channel["messages"]) == (3, 0, 5)
+    assert channel["lag"] == 3 and "lag_by_partition" not in channel
+
+
+def test_stat_lag_counts_in_flight_and_deferred_on_classic(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("cli_statlag")
+    create_channel(nsqd.http, topic, "c")
+    assert run_cli("pub", "--nsqd", nsqd.tcp, topic, input=lines_of(*"abcd")).returncode == 0
+    # DPUB: deferred messages are not in depth, but the channel has not consumed them
+    assert (
+        run_cli("pub", "--nsqd", nsqd.tcp, "--delay", "60", topic, input=lines_of("e")).returncode
+        == 0
+    )
+    result = run_cli("stat", "--nsqd-http", nsqd.http, "--json", "--interval", "0.1", topic)
+    assert result.returncode == 0, result.stderr
+    ((channel,),) = [t["channels"] for t in json.loads(result.stdout)["topics"]]
+    assert (channel["depth"], channel["deferred"], channel["lag"]) == (4, 1, 5)
 
 
 def test_stat_table_is_readable(classic_cluster, busy_topic):
@@ -48,7 +65,9 @@ def test_stat_table_is_readable(classic_cluster, busy_topic):
     rows = result.stdout.decode().splitlines()
     assert any(nsqd.http in row and "OK" in row for row in rows)
     channel_row = next(row for row in rows if busy_topic in row and " c " in row)
-    assert channel_row.split("│")[3].strip() == "3"  # the depth column
+    assert channel_row.split("│")[3].strip() == "3"  # the lag column
+    assert channel_row.split("│")[4].strip() == "-"  # no partitions
+    assert channel_row.split("│")[5].strip() == "3"  # the depth column
 
 
 def test_stat_of_an_unknown_topic_is_an_error(classic_cluster):
@@ -121,7 +140,9 @@ def test_stat_channel_count_and_memory_disk_depth(cluster_factory):
     assert c["egress_rate"] == 0
     table = run_cli("stat", "--nsqd-http", nsqd.http, "--interval", "0.1", "--channel", "keep")
     header = next(row for row in table.stdout.decode().splitlines() if "in flight" in row)
-    assert [h.strip() for h in header.split("┃")[3:6]] == ["depth", "mem", "disk"]
+    assert [h.strip() for h in header.split("┃")[3:8]] == [
+        "lag", "by partition", "depth", "mem", "disk"
+    ]  # fmt: skip
     assert "other" not in table.stdout.decode()
     missing = run_cli("stat", "--nsqd-http", nsqd.http, "--interval", "0.1", "--channel", "nope")
     assert b"no topic shown has channel 'nope'" in missing.stderr

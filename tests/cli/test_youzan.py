@@ -61,6 +61,10 @@ def test_pub_key_field_lands_like_the_producer_and_tail_shows_the_partition(youz
     wait_for(lambda: _channel_depths(_stat(youzan_cluster, topic)) == expected, what="depths")
     found = _stat(youzan_cluster, topic)
     assert found["partitioned"] and found["messages"] == 40
+    (channel,) = found["channels"]
+    assert channel["lag"] == 40 and channel["lag_by_partition"] == {
+        str(p): n for p, n in expected.items()
+    }
     leaders = _partition_leaders(info)
     assert {p["partition"]: p["leader"] for p in found["partitions"]} == leaders
 
