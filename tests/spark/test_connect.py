@@ -58,7 +58,6 @@ spark.stop()
 def test_write_batch_read_and_available_now_stream_through_spark_connect(
     classic_cluster: Any,
 ) -> None:
-    pytest.importorskip("grpc", reason="needs the spark-connect extra")
     nsqd = classic_cluster.nsqd[0]
     topic, channel = unique("spark_c"), "connect"
     create_channel(nsqd.http, topic, channel)
