@@ -20,7 +20,7 @@ import shutil
 import signal as _signal
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -80,6 +80,11 @@ class Daemon(_process.Daemon):
 
 
 # --------------------------------------------------------------------------- cluster
+
+
+def _lists_port(lookupd_http: str, tcp_port: int) -> bool:
+    nodes = http_json(f"http://{lookupd_http}/nodes", timeout=2.0) or {}
+    return any(int(p.get("tcp_port", 0)) == tcp_port for p in nodes.get("producers") or [])
 
 
 class Cluster:
@@ -293,6 +298,39 @@ class Cluster:
         for d in self.nsqd:
             self._wait_nsqd_ready(d)
 
+    def add_nsqd(
+        self,
+        args: Sequence[str] = (),
+        advertise: Callable[[Daemon], tuple[str, str]] | None = None,
+    ) -> Daemon:
+        """Start one more classic nsqd (registering with every lookupd); wait until ready.
+
+        ``advertise`` is called with the new daemon (ports chosen, not yet started) and
+        returns the TCP and HTTP ``host:port`` it should register with the lookupds instead
+        of its own (a proxy in front of it, say)."""
+        if self.kind != "classic":
+            raise ClusterError("add_nsqd starts classic nsqd only")
+        bins = {k: str(v) for k, v in ensure_binaries("classic").items()}
+        name = f"nsqd{len(self.nsqd)}"
+        log, data = self._paths(name)
+        lookupd_tcp = [lk.tcp for lk in self.lookupd]
+        d = Daemon.from_state(
+            nsqd_daemon(bins["nsqd"], name, log, data, lookupd_tcp, list(args)).to_state()
+        )
+        if advertise is not None:
+            tcp, http = advertise(d)
+            d.argv += [
+                f"--broadcast-address={tcp.rsplit(':', 1)[0]}",
+                f"--broadcast-tcp-port={tcp.rsplit(':', 1)[1]}",
+                f"--broadcast-http-port={http.rsplit(':', 1)[1]}",
+            ]
+            d.extra["broadcast_tcp"] = tcp
+        self.nsqd.append(d)
+        d.spawn()
+        self._save()
+        self._wait_nsqd_ready(d)
+        return d
+
     # ---- readiness
 
     def lookupd_leader(self) -> str:
@@ -310,6 +348,18 @@ class Cluster:
         return ""
 
     def _wait_nsqd_ready(self, d: Daemon) -> None:
+        if self.kind == "classic" and d.extra.get("broadcast_tcp"):
+            # registered under the address it advertises, not its own port
+            port = int(d.extra["broadcast_tcp"].rsplit(":", 1)[1])
+            wait_until(f"{d.name} /ping", partial(ping, d.http), [d], self.timeout)
+            for lk in self.lookupd:
+                wait_until(
+                    f"{d.name} registered in {lk.name}",
+                    partial(_lists_port, lk.http, port),
+                    [d, *self.lookupd],
+                    self.timeout,
+                )
+            return
         if self.kind == "classic":
             wait_ready(d, self.lookupd, timeout=self.timeout)
             return
