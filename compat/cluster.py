@@ -98,6 +98,8 @@ class Cluster:
         self.lookupd: list[Daemon] = []
         self.nsqd: list[Daemon] = []
         self.timeout = DEFAULT_TIMEOUT
+        self._listen_host = HOST
+        self._expose: Callable[[str, str, str], object] | None = None
 
     # ---- construction
 
@@ -111,8 +113,19 @@ class Cluster:
         nsqd_args: Sequence[str] = (),
         lookupd_args: Sequence[str] = (),
         timeout: float = DEFAULT_TIMEOUT,
+        listen_host: str = HOST,
+        expose: Callable[[str, str, str], object] | None = None,
     ) -> Cluster:
-        """Start etcd (youzan), ``lookupd`` nsqlookupd and ``nsqd`` nsqd; wait until ready."""
+        """Start etcd (youzan), ``lookupd`` nsqlookupd and ``nsqd`` nsqd; wait until ready.
+
+        youzan only: with ``listen_host`` (another loopback address, say ``127.0.0.2``) the
+        nsqlookupd and nsqd listen there, while they still register ``127.0.0.1`` with the
+        cluster (``--broadcast-interface=lo``); ``expose(name, public, upstream)`` is called
+        for each of their TCP and HTTP ports before they start, to put something (a
+        fault-injecting proxy) on ``127.0.0.1:PORT`` that forwards to ``listen_host:PORT``.
+        Everything the clients learn from the lookupds then goes through it."""
+        if listen_host != HOST and (kind != "youzan" or expose is None):
+            raise ValueError("listen_host needs kind='youzan' and an expose callback")
         if kind not in ("classic", "youzan"):
             raise ValueError(f"unknown kind {kind!r}")
         if dir is None:
@@ -131,6 +144,8 @@ class Cluster:
         cluster_id = f"smartnsq-{uuid.uuid4().hex[:12]}" if kind == "youzan" else ""
         self = cls(kind, root, cluster_id)
         self.timeout = timeout
+        self._listen_host = listen_host
+        self._expose = expose
         try:
             if kind == "classic":
                 self._start_classic(bins, n_nsqd, lookupd, list(nsqd_args), list(lookupd_args))
@@ -218,7 +233,7 @@ class Cluster:
         for i in range(n_lookupd):
             name = f"nsqlookupd{i}"
             log, data = self._paths(name)
-            tcp, http = f"{HOST}:{free_port()}", f"{HOST}:{free_port()}"
+            tcp, http = self._listen(f"{name}-tcp"), self._listen(f"{name}-http")
             rpc, metric = str(free_port()), f"{HOST}:{free_port()}"
             glog = self._glog_dir(name)
             argv = [
@@ -260,7 +275,8 @@ class Cluster:
         for i in range(n_nsqd):
             name = f"nsqd{i}"
             log, data = self._paths(name)
-            tcp, http, https = (f"{HOST}:{free_port()}" for _ in range(3))
+            tcp, http = self._listen(f"{name}-tcp"), self._listen(f"{name}-http")
+            https = f"{self._listen_host}:{free_port()}"
             rpc, metric = str(free_port()), f"{HOST}:{free_port()}"
             glog = self._glog_dir(name)
             argv = [
@@ -330,6 +346,14 @@ class Cluster:
         self._save()
         self._wait_nsqd_ready(d)
         return d
+
+    def _listen(self, name: str) -> str:
+        """A free port on the listen host; exposed on 127.0.0.1 when that is another host."""
+        port = free_port()
+        address = f"{self._listen_host}:{port}"
+        if self._listen_host != HOST and self._expose is not None:
+            self._expose(name, f"{HOST}:{port}", address)
+        return address
 
     # ---- readiness
 

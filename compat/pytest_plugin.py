@@ -18,6 +18,9 @@ Fixtures fail (never skip) when the servers cannot be built or started.
 * ``proxied_classic`` — function-scoped factory ``proxied_classic(nsqd=2, lookupd=1,
   nsqd_args=())`` of classic clusters whose nsqd and lookupd ports are behind the
   ``toxiproxy`` fixture's proxies (:func:`compat.toxiproxy.start_proxied_classic`).
+* ``proxied_youzan`` — the same for Youzan HA clusters, ``proxied_youzan(nsqd=3,
+  lookupd=2)`` (:func:`compat.toxiproxy.start_proxied_youzan`); skips like
+  ``youzan_cluster`` when the fork's binaries cannot be had.
 """
 
 from __future__ import annotations
@@ -30,7 +33,13 @@ import pytest
 
 from compat.cluster import Cluster
 from compat.servers import BuildError, ensure_binaries
-from compat.toxiproxy import ProxiedClassic, Toxiproxy, start_proxied_classic
+from compat.toxiproxy import (
+    ProxiedClassic,
+    ProxiedYouzan,
+    Toxiproxy,
+    start_proxied_classic,
+    start_proxied_youzan,
+)
 
 
 class ClusterFactory(Protocol):
@@ -137,6 +146,31 @@ def proxied_classic(
     def factory(nsqd: int = 2, lookupd: int = 1, nsqd_args: Sequence[str] = ()) -> ProxiedClassic:
         dir = tmp_path_factory.mktemp("nsq-proxied")
         started.append(start_proxied_classic(toxiproxy, dir, nsqd, lookupd, nsqd_args))
+        return started[-1]
+
+    try:
+        yield factory
+    finally:
+        for cluster in reversed(started):
+            cluster.stop()
+
+
+class ProxiedYouzanFactory(Protocol):
+    def __call__(
+        self, nsqd: int = 3, lookupd: int = 2, nsqd_args: Sequence[str] = ()
+    ) -> ProxiedYouzan: ...
+
+
+@pytest.fixture
+def proxied_youzan(
+    toxiproxy: Toxiproxy, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProxiedYouzanFactory]:
+    started: list[ProxiedYouzan] = []
+
+    def factory(nsqd: int = 3, lookupd: int = 2, nsqd_args: Sequence[str] = ()) -> ProxiedYouzan:
+        require_youzan_binaries()
+        dir = tmp_path_factory.mktemp("nsq-proxied-youzan")
+        started.append(start_proxied_youzan(toxiproxy, dir, nsqd, lookupd, nsqd_args))
         return started[-1]
 
     try:

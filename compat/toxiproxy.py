@@ -32,7 +32,17 @@ from compat.cluster import Cluster, ClusterError, Daemon
 from compat.servers import ensure_binaries
 from smartnsq.testing._process import HOST, free_address, wait_until
 
-__all__ = ["STREAMS", "Proxy", "ProxiedClassic", "Toxiproxy", "start_proxied_classic"]
+__all__ = [
+    "STREAMS",
+    "ProxiedClassic",
+    "ProxiedYouzan",
+    "Proxy",
+    "Toxiproxy",
+    "start_proxied_classic",
+    "start_proxied_youzan",
+]
+
+YOUZAN_LISTEN_HOST = "127.0.0.2"  # the fork's daemons listen here; their proxies on 127.0.0.1
 
 STREAMS = ("upstream", "downstream")  # client -> server, server -> client
 
@@ -250,3 +260,64 @@ def start_proxied_classic(
         cluster.stop()
         raise
     return ProxiedClassic(cluster, toxiproxy, tcp, http, lookupd_http)
+
+
+@dataclass
+class ProxiedYouzan:
+    """A Youzan HA cluster whose nsqlookupd and nsqd (TCP, HTTP) are behind proxies: they
+    listen on 127.0.0.2 and register 127.0.0.1, where the proxies are. Replication (the
+    nsqd's RPC ports) and etcd are not proxied."""
+
+    cluster: Cluster
+    toxiproxy: Toxiproxy
+    proxies: dict[str, Proxy]
+
+    def nsqd(self, i: int) -> list[Proxy]:
+        """The TCP and HTTP proxies of nsqd ``i``: the node's link to its clients."""
+        return [self.proxies[f"nsqd{i}-tcp"], self.proxies[f"nsqd{i}-http"]]
+
+    def lookupd(self, i: int) -> list[Proxy]:
+        return [self.proxies[f"nsqlookupd{i}-tcp"], self.proxies[f"nsqlookupd{i}-http"]]
+
+    def public(self, address: str) -> str:
+        """The 127.0.0.1 address (the proxy) of a daemon's listening ``address``."""
+        return f"{HOST}:{address.rsplit(':', 1)[1]}"
+
+    def nsqd_index(self, public_tcp: str) -> int:
+        """Which nsqd a client's ``127.0.0.1:PORT`` (as the lookupds name it) is."""
+        port = public_tcp.rsplit(":", 1)[1]
+        return next(i for i, d in enumerate(self.cluster.nsqd) if d.tcp.endswith(f":{port}"))
+
+    def heal(self) -> None:
+        self.toxiproxy.heal()
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
+def start_proxied_youzan(
+    toxiproxy: Toxiproxy,
+    dir: Path | str,
+    nsqd: int = 3,
+    lookupd: int = 2,
+    nsqd_args: Sequence[str] = (),
+    lookupd_args: Sequence[str] = (),
+) -> ProxiedYouzan:
+    """Start a Youzan HA cluster with every client-facing port behind its own proxy."""
+    tag = Path(dir).name
+    proxies: dict[str, Proxy] = {}
+
+    def expose(name: str, public: str, upstream: str) -> None:
+        proxies[name] = toxiproxy.proxy(f"{tag}-{name}", upstream, listen=public)
+
+    cluster = Cluster.start(
+        "youzan",
+        dir=dir,
+        nsqd=nsqd,
+        lookupd=lookupd,
+        nsqd_args=nsqd_args,
+        lookupd_args=lookupd_args,
+        listen_host=YOUZAN_LISTEN_HOST,
+        expose=expose,
+    )
+    return ProxiedYouzan(cluster, toxiproxy, proxies)
