@@ -17,13 +17,14 @@ fault for a while, then heal. Asserted, for every fault:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
 import pytest
 
 from compat.toxiproxy import ProxiedClassic, Proxy
-from tests.faults.harness import CLIENTS, Record, Settings, Target, wait
+from tests.faults.harness import CLIENTS, SLACK, Record, Settings, Target, wait
 from tests.helpers import create_channel, unique
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -158,3 +159,45 @@ def test_one_nsqd_faulty(proxied_classic, fault, clients):
     cluster = proxied_classic(nsqd=2)
     result = run_node_fault(cluster, clients, fault)
     print(f"\n{fault}/{clients}: {result}")
+
+
+@pytest.mark.parametrize(
+    ("fault", "clients"),
+    [("silent", "async"), ("silent", "sync"), ("reset", "async"), ("refused", "sync")],
+)
+def test_one_of_two_lookupds_faulty(proxied_classic, fault, clients):
+    """A consumer started while one of its two lookupds is faulty finds the nsqd through the
+    other at once (every lookupd is asked concurrently; a useful answer is taken after a
+    short grace), and keeps consuming; nothing acknowledged is lost."""
+    cluster = proxied_classic(nsqd=1, lookupd=2)
+    inject = FAULTS[fault][0]
+    for proxy in cluster.lookupd_http[:1]:
+        inject(proxy)
+    settings = Settings()
+    topic, channel = unique("lookupd"), "ch"
+    create_channel(cluster.cluster.nsqd[0].http, topic, channel)
+    target = Target(
+        topic,
+        channel,
+        nsqd_tcp=[cluster.nsqd_tcp[0].address],
+        consumer_lookupd=[p.address for p in cluster.lookupd_http],
+    )
+    record = Record()
+    clients_ = CLIENTS[clients](target, settings, record, PACE)
+    started = time.monotonic()
+    clients_.start()
+    try:
+        # the healthy lookupd's answer is used after a grace of 0.25 s, not the silent one's
+        # 5 s request timeout
+        wait(lambda: record.handled_between(0, math.inf), 1.0 + SLACK, "a first message")
+        took = time.monotonic() - started
+        assert took <= 1.0 + SLACK
+        time.sleep(settings.lookupd_poll_interval * 3)  # several polls with one lookupd faulty
+        clients_.stop_publishing()
+        wait(lambda: not record.missing(), settings.drain_bound(), "all", record.describe_missing)
+    finally:
+        clients_.close()
+        cluster.toxiproxy.heal()
+    assert not record.foreign_errors()
+    assert not record.missing()
+    print(f"\nlookupd {fault}/{clients}: first message after {took:.2f}s; {record.summary()}")
