@@ -169,10 +169,11 @@ async def soak(args: argparse.Namespace, cluster: ProxiedClassic) -> State:
             await anyio.sleep(SAMPLE_EVERY)
 
     async def faults() -> None:
-        k = 0
-        while time.monotonic() + args.fault_every < end:
-            await anyio.sleep(args.fault_every)
-            fault, node = FAULTS[k % len(FAULTS)], (k // len(FAULTS)) % 2
+        # fault k strikes at k x fault_every, whatever the previous one took
+        k = 1
+        while started + k * args.fault_every + args.fault_for < end:
+            await anyio.sleep(max(0.0, started + k * args.fault_every - time.monotonic()))
+            fault, node = FAULTS[(k - 1) % len(FAULTS)], ((k - 1) // len(FAULTS)) % 2
             k += 1
             record = {"t": round(time.monotonic() - started, 1), "fault": fault, "node": node}
             record["fds_before"] = open_fds()
@@ -255,6 +256,10 @@ def report(args: argparse.Namespace, state: State) -> dict[str, Any]:
     }
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.soak", description=__doc__.split("\n")[0]
@@ -266,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pace", type=float, default=0.02, help="each publisher's pause, s")
     parser.add_argument("--out", type=Path, help="write the full report (JSON) here")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # a stopped soak still stops its servers
     with tempfile.TemporaryDirectory(prefix="smartnsq-soak-") as tmp:
         toxi = Toxiproxy.start(Path(tmp) / "toxiproxy")
         try:
