@@ -189,10 +189,14 @@ async def soak(args: argparse.Namespace, cluster: ProxiedClassic) -> State:
     for d in cluster.cluster.nsqd:  # topic and channel known to the lookupd from the start
         http_request(f"http://{d.http}/topic/create?topic={topic}", "POST")
         http_request(f"http://{d.http}/channel/create?topic={topic}&channel={channel}", "POST")
-    settings = {"heartbeat_interval": 2.0, "lookupd_poll_interval": 5.0}
+    heartbeat, poll = 2.0, 5.0
     async with (
         Producer(
-            [p.address for p in cluster.nsqd_tcp], timeout=3.0, max_retries=2, **settings
+            [p.address for p in cluster.nsqd_tcp],
+            timeout=3.0,
+            max_retries=2,
+            heartbeat_interval=heartbeat,
+            lookupd_poll_interval=poll,
         ) as producer,
         Consumer(
             topic,
@@ -203,7 +207,8 @@ async def soak(args: argparse.Namespace, cluster: ProxiedClassic) -> State:
             reconnect_min=0.2,
             reconnect_max=2.0,
             msg_timeout=5.0,
-            **settings,
+            heartbeat_interval=heartbeat,
+            lookupd_poll_interval=poll,
         ),
         anyio.create_task_group() as tg,
     ):

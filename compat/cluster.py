@@ -184,8 +184,8 @@ class Cluster:
         lookupd_tcp = [lk.tcp for lk in self.lookupd]
         for i in range(n_nsqd):
             log, data = self._paths(f"nsqd{i}")
-            d = nsqd_daemon(bins["nsqd"], f"nsqd{i}", log, data, lookupd_tcp, nsqd_args)
-            self.nsqd.append(Daemon.from_state(d.to_state()))
+            nd = nsqd_daemon(bins["nsqd"], f"nsqd{i}", log, data, lookupd_tcp, nsqd_args)
+            self.nsqd.append(Daemon.from_state(nd.to_state()))
         for d in self.nsqd:
             d.spawn()
         self._save()

@@ -150,6 +150,7 @@ def run_node_fault(cluster: ProxiedClassic, clients_kind: str, fault: str) -> di
         "drained_s": drain_took,
         "duplicates": record.duplicates(),
         "errors": len(record.errors),
+        "error_kinds": sorted({type(e).__name__ for e in record.errors}),
     }
 
 
