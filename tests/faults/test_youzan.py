@@ -252,3 +252,23 @@ async def test_one_of_two_lookupds_silent(proxied_youzan):
     result = await run_case(cluster, silence, lambda: None, hold=POLL * 5)
     # publishing never depends on one lookupd: every key keeps being acknowledged
     assert result["recovered_s"] <= POLL * 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["reset", "slicer"])
+async def test_a_leader_link_reset_or_sliced(proxied_youzan, fault):
+    """The leader's client link resets every connection, or cuts every write into 1-7 byte
+    pieces, for twice the publish timeout: the same guarantees as a silent link."""
+    cluster = await anyio.to_thread.run_sync(proxied_youzan)
+
+    def strike(leader_tcp: str) -> float:
+        for proxy in cluster.nsqd(cluster.nsqd_index(leader_tcp)):
+            proxy.reset_peer() if fault == "reset" else proxy.slicer(4, 3)
+        return time.monotonic()
+
+    def heal() -> float:
+        cluster.heal()
+        return time.monotonic()
+
+    result = await run_case(cluster, strike, heal, hold=PUBLISH_TIMEOUT * 2)
+    assert result["recovered_s"] <= 2.2 * HEARTBEAT + 2 * (2 * PUBLISH_TIMEOUT) + 10
