@@ -8,6 +8,7 @@ the faults from its own thread (Toxiproxy's API is blocking) and checks the inva
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -60,6 +61,15 @@ class Settings:
         connection that lived through a silence is given up after ``stale_after``."""
         avoided = min(30.0, 2 * (fault + self.publish_timeout) + 0.2)
         return avoided + self.publish_timeout + self.stale_after + SLACK
+
+    def publish_stall_bound(self) -> float:
+        """Longest time all publishing may stall when one nsqd's link goes silent.
+
+        Concurrent publishes take turns over the nsqd, so within milliseconds every
+        publisher waits on the silent connection; they are released when it is given up:
+        silent for ``stale_after``, or a publish timed out (then retried elsewhere or
+        raised as NSQTimeout). A second of slack for scheduling."""
+        return min(self.publish_timeout, self.stale_after) + 1.0
 
     def consumer_bound(self) -> float:
         """Seconds after a heal within which the consumer is subscribed to the node again:
@@ -139,6 +149,13 @@ class Record:
     def acked_between(self, t0: float, t1: float) -> int:
         with self.lock:
             return sum(1 for t in self.acked.values() if t0 <= t < t1)
+
+    def longest_gap(self, t0: float, t1: float) -> float:
+        """The longest time within ``[t0, t1]`` in which no publish was acknowledged."""
+        with self.lock:
+            times = sorted(t for t in self.acked.values() if t0 <= t <= t1)
+        edges = [t0, *times, t1]
+        return max(b - a for a, b in itertools.pairwise(edges))
 
     def handled_between(self, t0: float, t1: float, nsqd: str | None = None) -> int:
         with self.lock:

@@ -93,7 +93,9 @@ def run_node_fault(cluster: ProxiedClassic, clients_kind: str, fault: str) -> di
             20,
             "messages from both nsqd",
         )
+        time.sleep(1.0)  # a second of normal operation to compare with
         started = time.monotonic()
+        normal_rate = record.acked_between(started - 1.0, started)
         for proxy in cluster.nodes(0):
             inject(proxy)
         # hold the fault; then look at what flowed meanwhile
@@ -104,7 +106,12 @@ def run_node_fault(cluster: ProxiedClassic, clients_kind: str, fault: str) -> di
         during = (started + 0.5, healed)  # a publish in flight at the start may still finish
         acked_during = record.acked_between(*during)
         good_during = record.handled_between(*during, nsqd=good)
-        assert acked_during > 0, f"no publish acknowledged during the fault; {record.summary()}"
+        seconds = during[1] - during[0]
+        rates = (normal_rate, acked_during / seconds, good_during / seconds)
+        gap = record.longest_gap(started, healed)
+        # the healthy nsqd keeps flowing: publishing stalls at most until the faulty link is
+        # given up (see Settings.publish_stall_bound), and messages keep coming from it
+        assert gap <= settings.publish_stall_bound(), (gap, rates, record.summary())
         assert good_during > 0, f"nothing handled from the healthy nsqd; {record.summary()}"
         if cut_off:  # the fault took effect: nothing came from the node while it lasted
             assert record.handled_between(*during, nsqd=bad) == 0, record.summary()
@@ -145,6 +152,8 @@ def run_node_fault(cluster: ProxiedClassic, clients_kind: str, fault: str) -> di
         record.summary(),
     )
     return {
+        "acked_per_s_before_during": (rates[0], round(rates[1])),
+        "longest_publish_stall_s": round(gap, 2),
         "producer_recovered_s": producer_took,
         "consumer_recovered_s": consumer_took,
         "drained_s": drain_took,
