@@ -20,7 +20,7 @@ import shutil
 import signal as _signal
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -82,6 +82,11 @@ class Daemon(_process.Daemon):
 # --------------------------------------------------------------------------- cluster
 
 
+def _lists_port(lookupd_http: str, tcp_port: int) -> bool:
+    nodes = http_json(f"http://{lookupd_http}/nodes", timeout=2.0) or {}
+    return any(int(p.get("tcp_port", 0)) == tcp_port for p in nodes.get("producers") or [])
+
+
 class Cluster:
     """A running loopback cluster; create with :meth:`Cluster.start`."""
 
@@ -93,6 +98,8 @@ class Cluster:
         self.lookupd: list[Daemon] = []
         self.nsqd: list[Daemon] = []
         self.timeout = DEFAULT_TIMEOUT
+        self._listen_host = HOST
+        self._expose: Callable[[str, str, str], object] | None = None
 
     # ---- construction
 
@@ -106,8 +113,19 @@ class Cluster:
         nsqd_args: Sequence[str] = (),
         lookupd_args: Sequence[str] = (),
         timeout: float = DEFAULT_TIMEOUT,
+        listen_host: str = HOST,
+        expose: Callable[[str, str, str], object] | None = None,
     ) -> Cluster:
-        """Start etcd (youzan), ``lookupd`` nsqlookupd and ``nsqd`` nsqd; wait until ready."""
+        """Start etcd (youzan), ``lookupd`` nsqlookupd and ``nsqd`` nsqd; wait until ready.
+
+        youzan only: with ``listen_host`` (another loopback address, say ``127.0.0.2``) the
+        nsqlookupd and nsqd listen there, while they still register ``127.0.0.1`` with the
+        cluster (``--broadcast-interface=lo``); ``expose(name, public, upstream)`` is called
+        for each of their TCP and HTTP ports before they start, to put something (a
+        fault-injecting proxy) on ``127.0.0.1:PORT`` that forwards to ``listen_host:PORT``.
+        Everything the clients learn from the lookupds then goes through it."""
+        if listen_host != HOST and (kind != "youzan" or expose is None):
+            raise ValueError("listen_host needs kind='youzan' and an expose callback")
         if kind not in ("classic", "youzan"):
             raise ValueError(f"unknown kind {kind!r}")
         if dir is None:
@@ -126,6 +144,8 @@ class Cluster:
         cluster_id = f"smartnsq-{uuid.uuid4().hex[:12]}" if kind == "youzan" else ""
         self = cls(kind, root, cluster_id)
         self.timeout = timeout
+        self._listen_host = listen_host
+        self._expose = expose
         try:
             if kind == "classic":
                 self._start_classic(bins, n_nsqd, lookupd, list(nsqd_args), list(lookupd_args))
@@ -164,8 +184,8 @@ class Cluster:
         lookupd_tcp = [lk.tcp for lk in self.lookupd]
         for i in range(n_nsqd):
             log, data = self._paths(f"nsqd{i}")
-            d = nsqd_daemon(bins["nsqd"], f"nsqd{i}", log, data, lookupd_tcp, nsqd_args)
-            self.nsqd.append(Daemon.from_state(d.to_state()))
+            nd = nsqd_daemon(bins["nsqd"], f"nsqd{i}", log, data, lookupd_tcp, nsqd_args)
+            self.nsqd.append(Daemon.from_state(nd.to_state()))
         for d in self.nsqd:
             d.spawn()
         self._save()
@@ -213,7 +233,7 @@ class Cluster:
         for i in range(n_lookupd):
             name = f"nsqlookupd{i}"
             log, data = self._paths(name)
-            tcp, http = f"{HOST}:{free_port()}", f"{HOST}:{free_port()}"
+            tcp, http = self._listen(f"{name}-tcp"), self._listen(f"{name}-http")
             rpc, metric = str(free_port()), f"{HOST}:{free_port()}"
             glog = self._glog_dir(name)
             argv = [
@@ -255,7 +275,8 @@ class Cluster:
         for i in range(n_nsqd):
             name = f"nsqd{i}"
             log, data = self._paths(name)
-            tcp, http, https = (f"{HOST}:{free_port()}" for _ in range(3))
+            tcp, http = self._listen(f"{name}-tcp"), self._listen(f"{name}-http")
+            https = f"{self._listen_host}:{free_port()}"
             rpc, metric = str(free_port()), f"{HOST}:{free_port()}"
             glog = self._glog_dir(name)
             argv = [
@@ -293,6 +314,47 @@ class Cluster:
         for d in self.nsqd:
             self._wait_nsqd_ready(d)
 
+    def add_nsqd(
+        self,
+        args: Sequence[str] = (),
+        advertise: Callable[[Daemon], tuple[str, str]] | None = None,
+    ) -> Daemon:
+        """Start one more classic nsqd (registering with every lookupd); wait until ready.
+
+        ``advertise`` is called with the new daemon (ports chosen, not yet started) and
+        returns the TCP and HTTP ``host:port`` it should register with the lookupds instead
+        of its own (a proxy in front of it, say)."""
+        if self.kind != "classic":
+            raise ClusterError("add_nsqd starts classic nsqd only")
+        bins = {k: str(v) for k, v in ensure_binaries("classic").items()}
+        name = f"nsqd{len(self.nsqd)}"
+        log, data = self._paths(name)
+        lookupd_tcp = [lk.tcp for lk in self.lookupd]
+        d = Daemon.from_state(
+            nsqd_daemon(bins["nsqd"], name, log, data, lookupd_tcp, list(args)).to_state()
+        )
+        if advertise is not None:
+            tcp, http = advertise(d)
+            d.argv += [
+                f"--broadcast-address={tcp.rsplit(':', 1)[0]}",
+                f"--broadcast-tcp-port={tcp.rsplit(':', 1)[1]}",
+                f"--broadcast-http-port={http.rsplit(':', 1)[1]}",
+            ]
+            d.extra["broadcast_tcp"] = tcp
+        self.nsqd.append(d)
+        d.spawn()
+        self._save()
+        self._wait_nsqd_ready(d)
+        return d
+
+    def _listen(self, name: str) -> str:
+        """A free port on the listen host; exposed on 127.0.0.1 when that is another host."""
+        port = free_port()
+        address = f"{self._listen_host}:{port}"
+        if self._listen_host != HOST and self._expose is not None:
+            self._expose(name, f"{HOST}:{port}", address)
+        return address
+
     # ---- readiness
 
     def lookupd_leader(self) -> str:
@@ -310,6 +372,18 @@ class Cluster:
         return ""
 
     def _wait_nsqd_ready(self, d: Daemon) -> None:
+        if self.kind == "classic" and d.extra.get("broadcast_tcp"):
+            # registered under the address it advertises, not its own port
+            port = int(d.extra["broadcast_tcp"].rsplit(":", 1)[1])
+            wait_until(f"{d.name} /ping", partial(ping, d.http), [d], self.timeout)
+            for lk in self.lookupd:
+                wait_until(
+                    f"{d.name} registered in {lk.name}",
+                    partial(_lists_port, lk.http, port),
+                    [d, *self.lookupd],
+                    self.timeout,
+                )
+            return
         if self.kind == "classic":
             wait_ready(d, self.lookupd, timeout=self.timeout)
             return

@@ -13,6 +13,14 @@ Fixtures fail (never skip) when the servers cannot be built or started.
 * ``cluster_factory`` — function-scoped factory
   ``cluster_factory(kind="classic", nsqd=None, lookupd=1, nsqd_args=(), lookupd_args=())``;
   every cluster it started is stopped at teardown.
+* ``toxiproxy`` — function-scoped :class:`compat.toxiproxy.Toxiproxy` on loopback (built
+  from its Go module on first use), stopped at teardown.
+* ``proxied_classic`` — function-scoped factory ``proxied_classic(nsqd=2, lookupd=1,
+  nsqd_args=())`` of classic clusters whose nsqd and lookupd ports are behind the
+  ``toxiproxy`` fixture's proxies (:func:`compat.toxiproxy.start_proxied_classic`).
+* ``proxied_youzan`` — the same for Youzan HA clusters, ``proxied_youzan(nsqd=3,
+  lookupd=2)`` (:func:`compat.toxiproxy.start_proxied_youzan`); skips like
+  ``youzan_cluster`` when the fork's binaries cannot be had.
 """
 
 from __future__ import annotations
@@ -25,6 +33,13 @@ import pytest
 
 from compat.cluster import Cluster
 from compat.servers import BuildError, ensure_binaries
+from compat.toxiproxy import (
+    ProxiedClassic,
+    ProxiedYouzan,
+    Toxiproxy,
+    start_proxied_classic,
+    start_proxied_youzan,
+)
 
 
 class ClusterFactory(Protocol):
@@ -40,6 +55,8 @@ class ClusterFactory(Protocol):
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "integration: needs real NSQ server processes (compat/)")
+    config.addinivalue_line("markers", "faults: network faults injected with Toxiproxy (compat/)")
+    config.addinivalue_line("markers", "slow: a long case (minutes); `./dev test` runs it too")
 
 
 def _start(tmp_path_factory: pytest.TempPathFactory, kind: str, **kwargs: object) -> Cluster:
@@ -97,6 +114,64 @@ def cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
         )
         started.append(cluster)
         return cluster
+
+    try:
+        yield factory
+    finally:
+        for cluster in reversed(started):
+            cluster.stop()
+
+
+@pytest.fixture
+def toxiproxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Toxiproxy]:
+    server = Toxiproxy.start(tmp_path_factory.mktemp("toxiproxy"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class ProxiedFactory(Protocol):
+    def __call__(
+        self, nsqd: int = 2, lookupd: int = 1, nsqd_args: Sequence[str] = ()
+    ) -> ProxiedClassic: ...
+
+
+@pytest.fixture
+def proxied_classic(
+    toxiproxy: Toxiproxy, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProxiedFactory]:
+    started: list[ProxiedClassic] = []
+
+    def factory(nsqd: int = 2, lookupd: int = 1, nsqd_args: Sequence[str] = ()) -> ProxiedClassic:
+        dir = tmp_path_factory.mktemp("nsq-proxied")
+        started.append(start_proxied_classic(toxiproxy, dir, nsqd, lookupd, nsqd_args))
+        return started[-1]
+
+    try:
+        yield factory
+    finally:
+        for cluster in reversed(started):
+            cluster.stop()
+
+
+class ProxiedYouzanFactory(Protocol):
+    def __call__(
+        self, nsqd: int = 3, lookupd: int = 2, nsqd_args: Sequence[str] = ()
+    ) -> ProxiedYouzan: ...
+
+
+@pytest.fixture
+def proxied_youzan(
+    toxiproxy: Toxiproxy, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProxiedYouzanFactory]:
+    started: list[ProxiedYouzan] = []
+
+    def factory(nsqd: int = 3, lookupd: int = 2, nsqd_args: Sequence[str] = ()) -> ProxiedYouzan:
+        require_youzan_binaries()
+        dir = tmp_path_factory.mktemp("nsq-proxied-youzan")
+        started.append(start_proxied_youzan(toxiproxy, dir, nsqd, lookupd, nsqd_args))
+        return started[-1]
 
     try:
         yield factory

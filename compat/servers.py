@@ -1,9 +1,10 @@
 """Build (once) and cache NSQ server binaries.
 
 ``ensure_binaries("classic")`` builds nsqd, nsqlookupd, bench_writer and bench_reader of
-github.com/nsqio/nsq; ``ensure_binaries("youzan")`` finds prebuilt nsqd and nsqlookupd of the
-Youzan HA fork (this project never builds them: see compat/README.md) and makes sure an ``etcd``
-with the v2 API is installed.
+github.com/nsqio/nsq; ``ensure_binaries("toxiproxy")`` builds Shopify's fault-injecting TCP
+proxy ``toxiproxy-server`` (for tests/faults); ``ensure_binaries("youzan")`` finds prebuilt
+nsqd and nsqlookupd of the Youzan HA fork (this project never builds them: see
+compat/README.md) and makes sure an ``etcd`` with the v2 API is installed.
 Binaries are cached under ``compat/.servers/`` (override with ``SMARTNSQ_SERVERS_DIR``) and
 mirrored to ``~/.cache/smartnsq/servers/`` so that fresh clones on the same machine reuse them;
 a file lock serialises concurrent callers.  All progress output goes to stderr.
@@ -36,7 +37,17 @@ YOUZAN_VERSION = "v0.3.7-HA.1.12.7"
 YOUZAN_PACKAGES = {"nsqd": "./apps/nsqd", "nsqlookupd": "./apps/nsqlookupd"}
 YOUZAN_BIN_ENV = "SMARTNSQ_YOUZAN_BIN_DIR"
 
-KINDS = ("classic", "youzan")
+TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2"
+TOXIPROXY_VERSION = "v2.12.0"
+TOXIPROXY_PACKAGES = {"toxiproxy-server": "./cmd/server"}
+
+KINDS = ("classic", "youzan", "toxiproxy")
+_VERSIONS = {"classic": CLASSIC_VERSION, "youzan": YOUZAN_VERSION, "toxiproxy": TOXIPROXY_VERSION}
+_PACKAGES = {
+    "classic": CLASSIC_PACKAGES,
+    "youzan": YOUZAN_PACKAGES,
+    "toxiproxy": TOXIPROXY_PACKAGES,
+}
 
 
 class BuildError(RuntimeError):
@@ -60,7 +71,7 @@ def user_cache_dir() -> Path:
 
 
 def _version_dir(kind: str) -> str:
-    return f"{kind}-{CLASSIC_VERSION if kind == 'classic' else YOUZAN_VERSION}"
+    return f"{kind}-{_VERSIONS[kind]}"
 
 
 def _bin_dir(kind: str) -> Path:
@@ -185,6 +196,18 @@ def _build_classic(work: Path, out: Path) -> None:
     _build(tree, CLASSIC_PACKAGES, out, env)
 
 
+def _build_toxiproxy(work: Path, out: Path) -> None:
+    env = _go_env()
+    src = _module_source(TOXIPROXY_MODULE, TOXIPROXY_VERSION, env)
+    if src is None:
+        raise BuildError(
+            f"cannot download {TOXIPROXY_MODULE}@{TOXIPROXY_VERSION} through the Go module proxy"
+        )
+    tree = work / "toxiproxy"
+    _copy_tree(src, tree)
+    _build(tree, TOXIPROXY_PACKAGES, out, env)
+
+
 def _prebuilt_youzan() -> Path | None:
     """A folder of prebuilt Youzan binaries named by ``SMARTNSQ_YOUZAN_BIN_DIR``, if any."""
     env = os.environ.get(YOUZAN_BIN_ENV)
@@ -221,7 +244,7 @@ def ensure_binaries(kind: str) -> dict[str, Path]:
     """Return ``{name: path}`` of the server binaries of ``kind``, building them if missing."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
-    names = list(CLASSIC_PACKAGES if kind == "classic" else YOUZAN_PACKAGES)
+    names = list(_PACKAGES[kind])
     target = _bin_dir(kind)
     shared = user_cache_dir() / _version_dir(kind)
     if not _complete(target, names):
@@ -245,13 +268,13 @@ def ensure_binaries(kind: str) -> dict[str, Path]:
                     work = Path(tmp)
                     out = work / "out"
                     out.mkdir()
-                    if kind != "classic":
+                    if kind == "youzan":
                         raise BuildError(
                             f"no Youzan HA servers ({YOUZAN_VERSION}) in {target}, {shared} or "
                             f"{YOUZAN_BIN_ENV}: this project does not build them; put prebuilt "
                             "nsqd and nsqlookupd of that release in one of those places"
                         )
-                    _build_classic(work, out)
+                    (_build_classic if kind == "classic" else _build_toxiproxy)(work, out)
                     (out / ".complete").write_text(f"{kind}\n")
                     _install_dir(out, target)
                     try:

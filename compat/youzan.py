@@ -322,3 +322,55 @@ def move_leader(
         return str((parts.get(str(partition)) or {}).get("distributed_id")) == target
 
     poll(f"lookup naming nsqd {to} leader of {topic}:{partition}", moved, timeout)
+
+
+def restore_writable(
+    cluster_or_lookupd_http: Cluster | str | list[str],
+    topic: str,
+    channel: str = "ch",
+    timeout: float = 120.0,
+) -> dict[str, Any]:
+    """After a partition's leader was lost, do what an operator does until every partition
+    is writable again: create ``channel`` (and its order) on each partition's new leader and
+    re-post the topic's create, which brings the leader lookupd's topic check forward.
+
+    The fork makes a partition with a new leader writable only once that leader has a
+    channel and a topic check has run; on its own that took about 110 s here (and never,
+    within 120 s, while the new leader had no channel). Returns the last ``access=w`` lookup.
+    """
+    leader = find_leader(cluster_or_lookupd_http, timeout=timeout)
+    meta = lookup(leader, topic, "r").get("meta") or {}
+    partitions = int(meta.get("partition_num") or 0)
+    create = _create_url(
+        leader,
+        topic,
+        partitions,
+        int(meta.get("replica") or 1),
+        bool(meta.get("ordered")),
+        bool(meta.get("extend_support")),
+        bool(meta.get("multi_part")),
+    )
+    last_trigger = [-float("inf")]
+
+    def retrigger() -> None:
+        if time.monotonic() - last_trigger[0] >= 2.0:
+            last_trigger[0] = time.monotonic()
+            http_request(create, method="POST", timeout=10.0)
+
+    def writable() -> dict[str, Any] | None:
+        w = lookup(leader, topic, "w")
+        if all(str(p) in (w.get("partitions") or {}) for p in range(partitions)):
+            return w
+        readable = lookup(leader, topic, "r").get("partitions") or {}
+        for p, node in readable.items():
+            if p not in (w.get("partitions") or {}):
+                base = f"http://{node['broadcast_address']}:{node['http_port']}"
+                q = {"topic": topic, "partition": str(p), "channel": channel}
+                http_request(f"{base}/channel/create?{urllib.parse.urlencode(q)}", "POST")
+                if meta.get("ordered"):
+                    q["order"] = "true"
+                    http_request(f"{base}/channel/setorder?{urllib.parse.urlencode(q)}", "POST")
+        retrigger()
+        return None
+
+    return poll(f"every partition of {topic} writable again", writable, timeout)
