@@ -227,17 +227,18 @@ class Features:
             snappy=reply.get("snappy") is True,
             deflate=reply.get("deflate") is True,
             auth_required=reply.get("auth_required") is True,
-            output_buffer_timeout=_reply_int(reply, "output_buffer_timeout", 250) / 1000,
+            output_buffer_timeout=_reply_int(reply, "output_buffer_timeout", 250, zero=True) / 1000,
             raw=dict(reply),
         )
 
 
-def _reply_int(reply: Mapping[str, Any], name: str, default: int) -> int:
-    """A positive whole number from nsqd's IDENTIFY reply (absent or 0: ``default``)."""
+def _reply_int(reply: Mapping[str, Any], name: str, default: int, zero: bool = False) -> int:
+    """A positive whole number from nsqd's IDENTIFY reply (absent, or 0 unless ``zero``
+    says 0 means something: ``default``)."""
     value = reply.get(name)
-    if value is None or value == 0:
+    if value is None or (value == 0 and not zero):
         return default
-    if type(value) is not int or not 0 < value < 2**53:
+    if type(value) is not int or not (0 if zero else 1) <= value < 2**53:
         raise ProtocolError(f"IDENTIFY reply has an unusable {name}: {value!r:.40}")
     return value
 
