@@ -15,21 +15,15 @@ import math
 import os
 import ssl
 import threading
-import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from smartnsq.errors import (
-    InsecureAuth,
-    InsecureAuthWarning,
     InvalidArgument,
     InvalidType,
     UsedAfterFork,
     WrongEventLoop,
 )
-
-if TYPE_CHECKING:
-    from smartnsq.protocol.handshake import ConnectionConfig
 
 # Classic nsqd's default --max-req-timeout: the longest DPUB delay it accepts.
 DEFAULT_MAX_DELAY = 3600.0
@@ -164,37 +158,6 @@ def check_no_scheme(address: str) -> None:
         )
 
 
-def check_config(c: ConnectionConfig) -> None:
-    """Types and ranges of every :class:`~smartnsq.connection.ConnectionConfig` field."""
-    check_str("client_id", c.client_id, allow_none=True)
-    check_str("hostname", c.hostname)
-    check_str("user_agent", c.user_agent)
-    check_number("heartbeat_interval", c.heartbeat_interval)
-    if c.heartbeat_interval != -1:
-        check_number(
-            "heartbeat_interval", c.heartbeat_interval, min=1, max=60, hint=" (or -1 to disable)"
-        )
-    # nsqd takes a msg_timeout of at least one second (up to its --max-msg-timeout)
-    check_number("msg_timeout", c.msg_timeout, min=1, allow_none=True)
-    check_number("output_buffer_size", c.output_buffer_size, integer=True, allow_none=True)
-    check_number("output_buffer_timeout", c.output_buffer_timeout, min=0, allow_none=True)
-    check_number("sample_rate", c.sample_rate, integer=True, min=0, max=99)
-    check_tls(c.tls)
-    check_str("tls_hostname", c.tls_hostname, allow_none=True)
-    check_bool("snappy", c.snappy)
-    check_bool("deflate", c.deflate)
-    check_number("deflate_level", c.deflate_level, integer=True, min=1, max=9)
-    check_secret(c.auth_secret)
-    check_bool("auth_over_plaintext", c.auth_over_plaintext)
-    check_bool("extend_support", c.extend_support, allow_none=True)
-    check_identify("identify", c.identify_extra)
-    check_timeout("connect_timeout", c.connect_timeout)
-    check_timeout("handshake_timeout", c.handshake_timeout)
-    check_number("max_frame_size", c.max_frame_size, integer=True, min=1)
-    # Longer than 10 ms, polling would burn a core's worth of time on every slow answer.
-    check_number("busy_poll", c.busy_poll, min=0, max=0.01, hint=" (seconds; 0 turns polling off)")
-
-
 def check_lookup_options(
     seeds: Any,
     timeout: Any,
@@ -276,30 +239,4 @@ def wrong_owner(kind: str, thread: int | None, forks: int) -> None:
             f"this {kind} was started in another thread's event loop: create the {kind} "
             f"inside the event loop (and thread) that uses it; with plain threads use one "
             f"{kind} per thread"
-        )
-
-
-# -- AUTH without TLS --------------------------------------------------------------------------
-
-_warned_plaintext_auth = False
-
-
-def check_plaintext_auth(address: str, config: ConnectionConfig, tls: bool) -> None:
-    """Called right before the AUTH secret is written: refuse or warn when TLS is off."""
-    global _warned_plaintext_auth
-    if tls:
-        return
-    if not config.auth_over_plaintext:
-        raise InsecureAuth(
-            f"nsqd {address} asks for AUTH but the connection is not encrypted and "
-            "auth_over_plaintext=False: the secret was not sent; enable TLS (tls=True) "
-            "or allow plain-text AUTH"
-        )
-    if not _warned_plaintext_auth:
-        _warned_plaintext_auth = True
-        warnings.warn(
-            f"sending the AUTH secret to nsqd {address} without TLS: anyone on the network "
-            "path can read it; use tls=True, or auth_over_plaintext=False to refuse",
-            InsecureAuthWarning,
-            stacklevel=2,
         )

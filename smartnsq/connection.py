@@ -22,7 +22,9 @@ from typing import Any
 
 import anyio
 
+from smartnsq import eager
 from smartnsq.busy_poll import LOOP_YIELD_AFTER, BusyPoll, cpu_yield
+from smartnsq.eager import EagerFuture
 from smartnsq.errors import (
     ConnectFailed,
     ConnectionClosed,
@@ -99,75 +101,12 @@ class _EventWaiter:
         return self.result
 
 
-class _EagerFuture(asyncio.Future[bytes]):
-    """A future whose waiting task can be resumed by the code that resolved it.
-
-    A plain future wakes its task through ``call_soon``: one more pass of the event loop
-    (a poll system call and the loop's bookkeeping) per answer, a large share of a
-    one-at-a-time publisher's CPU on asyncio's pure-Python loop. The reader resolves
-    answers in a transport callback, outside any task; once it has dealt with the whole
-    read (a fatal error included), :meth:`wake` steps the waiting task right there, as the
-    loop would have one pass later. Inside a task, and for any other callback, scheduling
-    stays the normal one.
-    """
-
-    _waker: tuple[Callable[[Any], object], Any] | None = None
-
-    def add_done_callback(self, fn: Callable[[Any], object], *, context: Any = None) -> None:
-        if self._waker is None and not self.done():
-            self._waker = (fn, context)  # the awaiting task's wake-up
-        else:
-            super().add_done_callback(fn, context=context)
-
-    def remove_done_callback(self, fn: Callable[[Any], object]) -> int:
-        if self._waker is not None and self._waker[0] == fn:
-            self._waker = None
-            return 1 + super().remove_done_callback(fn)
-        return super().remove_done_callback(fn)
-
-    def cancel(self, msg: Any = None) -> bool:
-        if not super().cancel(msg=msg):
-            return False
-        self._wake(eager=False)  # as a plain future would: on the next loop pass
-        return True
-
-    def resolve(self, result: bytes, error: BaseException | None) -> None:
-        """Set the outcome; the waiting task runs after :meth:`wake`."""
-        if self.done():  # the caller gave up (cancelled)
-            return
-        if error is None:
-            self.set_result(result)
-        else:
-            self.set_exception(error)
-
-    def wake(self) -> None:
-        self._wake(eager=asyncio.current_task(self.get_loop()) is None)
-
-    def schedule(self) -> None:
-        """Wake the waiting task on the loop's next pass, as a plain future does."""
-        self._wake(eager=False)
-
-    def _wake(self, eager: bool) -> None:
-        waker = self._waker
-        if waker is None:
-            return
-        self._waker = None
-        fn, context = waker
-        if eager:
-            if context is None:
-                fn(self)
-            else:
-                context.run(fn, self)
-        else:
-            self.get_loop().call_soon(fn, self, context=context)
-
-
 class _FutureWaiter:
     """Waits for one answer on asyncio (uvloop included), with an eager future."""
 
     __slots__ = ("deadline", "future", "publish")
 
-    def __init__(self, future: _EagerFuture, publish: bool, deadline: float) -> None:
+    def __init__(self, future: EagerFuture, publish: bool, deadline: float) -> None:
         self.future = future
         self.publish = publish
         self.deadline = deadline
@@ -258,6 +197,8 @@ class Connection:
         # On asyncio: bare futures from the loop, and the loop's clock (the same one anyio
         # uses there); each get_running_loop() costs a getpid() system call on 3.11.
         self._loop = asyncio.get_running_loop() if running_on_asyncio() else None
+        if self._loop is not None:
+            eager.enabled()  # probed once per process: eager wake-ups, or plain futures
         self._clock = self._loop.time if self._loop is not None else anyio.current_time
         self._scope: anyio.CancelScope | None = None
         self._stop_reason: BaseException | None = None
@@ -603,7 +544,7 @@ class Connection:
         deadline = _INF if timeout is None else self._clock() + timeout
         waiter: _Waiter
         if self._loop is not None:
-            waiter = _FutureWaiter(_EagerFuture(loop=self._loop), publish, deadline)
+            waiter = _FutureWaiter(EagerFuture(loop=self._loop), publish, deadline)
         else:
             waiter = _EventWaiter(publish, deadline)
         self._waiters.append(waiter)

@@ -1,29 +1,30 @@
 """Consumer workers waiting for the next message, and waking one of them.
 
 On asyncio each wait is a future: it costs about half of an ``anyio.Event`` (3.4 against
-7.7 µs per wake, measured), which counts when every ordered message wakes a worker. It is the
-connection's eager future, so an ordered message can resume its worker right in the read
-callback (the worker's task runs as itself, as the loop would run it one pass later). On
-other backends (trio) it is an ``anyio.Event``.
+7.7 µs per wake, measured), which counts when every ordered message wakes a worker. It is an
+:class:`~smartnsq.eager.EagerFuture`, so an ordered message can resume its worker right in
+the read callback (the worker's task runs as itself, as the loop would run it one pass
+later). On other backends (trio) it is an ``anyio.Event``.
 
 Even that wake costs about as much as the rest of an ordered message's handling (a future,
 a task step, the worker's loop). :meth:`IdleWorkers.run_as_worker` skips it: it runs the
 worker's code for one message right in the read callback, as the idle worker's task and in
 its context, which is what the task step does; only a handler that has to wait is handed to
-the worker itself.
+the worker itself. Both need :mod:`smartnsq.eager`'s mechanisms; without them (its probe
+failed, or they are switched off) a wake is a plain future's and ``run_as_worker`` declines.
 """
 
 from __future__ import annotations
 
 import asyncio
-from asyncio.tasks import _enter_task, _leave_task  # what a task step does around the step
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 import anyio
 
-from smartnsq.connection import _EagerFuture
+from smartnsq import eager
+from smartnsq.eager import NOT_RUN, EagerFuture, run_as_task
 
 T = TypeVar("T")
 Job = Any  # what run_as_worker hands a worker: its wait() returns it
@@ -48,9 +49,11 @@ class IdleWorkers:
                 loop = self._loop = asyncio.get_running_loop()
             except RuntimeError:
                 loop = self._loop = False
+            else:
+                eager.enabled()  # probed once per process
         if loop:
             assert isinstance(loop, asyncio.AbstractEventLoop)
-            future = _EagerFuture(loop=loop)
+            future = EagerFuture(loop=loop)
             self._waiting.append(future)
             # a cancelled waiter's future is done: wake_one skips it
             return await future
@@ -86,9 +89,9 @@ class IdleWorkers:
         """From a transport callback on asyncio: run ``fn(arg)`` now as the longest waiting
         worker's task, in that task's context, as waking it would run it one step later. If
         ``fn`` returns a job, that worker wakes with it. False (nothing run) when no worker
-        waits, or not on asyncio, or when called from inside a task."""
-        loop = self._loop
-        if not loop:  # not waited on yet, or not asyncio
+        waits, or not on asyncio, or when called from inside a task, or without
+        :mod:`smartnsq.eager`'s mechanisms."""
+        if not self._loop:  # not waited on yet, or not asyncio
             return False
         waiting = self._waiting
         while waiting and waiting[0].done():  # cancelled waiters
@@ -96,21 +99,9 @@ class IdleWorkers:
         if not waiting:
             return False
         future = waiting[0]
-        # The waiting task's wake-up and context, as it gave them to the future.
-        waker = future._waker
-        if waker is None or waker[1] is None:
+        job = run_as_task(future, fn, arg)
+        if job is NOT_RUN:
             return False
-        task = getattr(waker[0], "__self__", None)
-        if not isinstance(task, asyncio.Task):
-            return False
-        try:
-            _enter_task(loop, task)
-        except RuntimeError:  # inside a task: this is no transport callback
-            return False
-        try:
-            job = waker[1].run(fn, arg)
-        finally:
-            _leave_task(loop, task)
         if job is not None:
             waiting.popleft()
             future.set_result(job)

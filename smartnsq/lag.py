@@ -25,7 +25,7 @@ from smartnsq.lookup.model import Node, loads, unwrap
 from smartnsq.offsets import http_address, read_partition
 from smartnsq.protocol.names import validate_channel, validate_topic
 
-__all__ = ["ChannelLag", "channel_lag"]
+__all__ = ["ChannelLag", "channel_lag", "consumer_lag"]
 
 log = logging.getLogger("smartnsq.lag")
 
@@ -125,6 +125,43 @@ async def channel_lag(
             )
         return sorted(results, key=lambda r: (r.nsqd, -1 if r.partition is None else r.partition))
     raise NSQTimeout(f"the lag of {topic}/{channel} took longer than {timeout}s")
+
+
+async def consumer_lag(
+    topic: str,
+    channel: str,
+    lookupds: Sequence[str],
+    nsqd_http_addresses: Sequence[str],
+    timeout: float,
+) -> list[ChannelLag]:
+    """A consumer's lag (``Consumer.lag``): through its lookupds, or the nsqd HTTP addresses
+    its caller gives, since a consumer of nsqd TCP addresses cannot tell their HTTP ports.
+
+    Args:
+        topic: The consumer's topic.
+        channel: The consumer's channel.
+        lookupds: The consumer's lookupd HTTP addresses.
+        nsqd_http_addresses: nsqd HTTP addresses to ask as well.
+        timeout: Seconds for the whole call.
+
+    Returns:
+        What :func:`channel_lag` returns.
+
+    Raises:
+        InvalidArgument: Neither lookupds nor nsqd HTTP addresses.
+    """
+    if not lookupds and not nsqd_http_addresses:
+        raise InvalidArgument(
+            "this Consumer reads nsqd_tcp_addresses without a lookupd: pass lag() their "
+            "nsqd_http_addresses (a TCP connection does not tell nsqd's HTTP port)"
+        )
+    return await channel_lag(
+        topic,
+        channel,
+        lookupd_http_addresses=lookupds,
+        nsqd_http_addresses=nsqd_http_addresses,
+        timeout=timeout,
+    )
 
 
 async def _partition_lag(

@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from smartnsq._checks import check_requeue_delay
-from smartnsq.protocol.message import RawMessage
+from smartnsq.protocol.message import MessageLayout, RawMessage
 
-if TYPE_CHECKING:
-    from smartnsq.consumer import _Reader
+
+class Answerer(Protocol):
+    """What answers a delivered message: the consumer's side of FIN, REQ and TOUCH.
+
+    Each may be called from any thread: off the event loop's thread it is carried over to
+    the loop, in order. ``on_loop`` tells which it is.
+    """
+
+    def on_loop(self) -> bool: ...
+
+    def finish(self, msg: Message) -> None: ...
+
+    def requeue(self, msg: Message, delay: float | None, backoff: bool) -> None: ...
+
+    def touch(self, msg: Message) -> None: ...
+
+
+class Origin(Protocol):
+    """Where a message came from: the subscription that delivered it, and who answers."""
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def partition(self) -> int | None: ...
+
+    @property
+    def layout(self) -> MessageLayout: ...
+
+    @property
+    def answers(self) -> Answerer: ...
 
 
 class Message(RawMessage):
@@ -42,9 +71,11 @@ class Message(RawMessage):
         ext: Youzan ext topics: the raw ext header (else None); ``headers`` decodes it.
     """
 
+    # The delivery's state, set by the consumer (smartnsq.consumer) that delivers it: where
+    # it came from, whether it was answered, whether the consumer answers it.
     __slots__ = ("_auto", "_reader", "_received", "_responded", "_touched")
 
-    _reader: _Reader
+    _reader: Origin
     _responded: bool
     _auto: bool
     _received: float
@@ -75,10 +106,10 @@ class Message(RawMessage):
             NSQError: The message was already answered (called from another thread, this
                 is logged as a warning instead).
         """
-        consumer = self._reader.consumer
-        if not consumer._on_loop():
+        answers = self._reader.answers
+        if not answers.on_loop():
             self._auto = False  # answered by hand: the thread must not FIN it as well
-        consumer._from_anywhere(consumer._finish, self)
+        answers.finish(self)
 
     def requeue(self, delay: float | None = None, *, backoff: bool = True) -> None:
         """Give the message back for redelivery after ``delay`` seconds (REQ).
@@ -101,10 +132,10 @@ class Message(RawMessage):
         """
         if delay is not None:
             delay = check_requeue_delay(delay)
-        consumer = self._reader.consumer
-        if not consumer._on_loop():
+        answers = self._reader.answers
+        if not answers.on_loop():
             self._auto = False
-        consumer._from_anywhere(consumer._requeue, self, delay, backoff)
+        answers.requeue(self, delay, backoff)
 
     def touch(self) -> None:
         """Reset nsqd's timeout for this message (TOUCH), to keep it while a handler runs long.
@@ -116,11 +147,7 @@ class Message(RawMessage):
             NSQError: The message was already answered (called from another thread, the
                 TOUCH is then simply dropped).
         """
-        consumer = self._reader.consumer
-        if consumer._on_loop():
-            consumer._touch(self)
-        else:  # the FIN may overtake it: then it has nothing left to do
-            consumer._from_anywhere(consumer._touch_unless_answered, self)
+        self._reader.answers.touch(self)
 
     def disable_auto_response(self) -> None:
         """Stop the consumer from answering the message when the handler returns or raises.

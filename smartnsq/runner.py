@@ -218,7 +218,7 @@ async def _run_main(main: Main, stopping: anyio.Event, failure: list[Exception])
 async def _watch_consumers(consumers: tuple[Consumer, ...], stopping: anyio.Event) -> None:
     async with anyio.create_task_group() as tg:
         for consumer in consumers:
-            tg.start_soon(consumer._stopped.wait)
+            tg.start_soon(consumer.wait_stopped)
     stopping.set()
 
 

@@ -1,4 +1,4 @@
-"""The ordered hot path (Consumer._on_ordered) against the general one: the same message
+"""The ordered hot path (Intake.on_ordered) against the general one: the same message
 fields, order checks, blocked warnings and errors, for frames no real nsqd would send."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from smartnsq import Consumer, Message
-from smartnsq.consumer import _Reader
+from smartnsq.consumer import Subscription
 from smartnsq.errors import ProtocolError
 from smartnsq.protocol.frames import FRAME_MESSAGE, FrameDecoder, encode_frame
 from smartnsq.protocol.message import MessageLayout, RawMessage, decode_message, encode_message
@@ -50,32 +50,34 @@ class Setup:
         conn = SimpleNamespace(
             features=features, raw_write=print, raw_write_now=print, queue=lambda data: None
         )
-        self.reader = _Reader(self.consumer, "127.0.0.1:4150", conn, 3, ordered=True)  # type: ignore[arg-type]
+        self.reader = Subscription(self.consumer._answers, "127.0.0.1:4150", conn, 3, ordered=True)  # type: ignore[arg-type]
         assert self.reader.straight
         self.reader.straight = straight  # False: the general path, for comparison
-        self.consumer._attach(self.reader, conn)  # type: ignore[arg-type]
+        self.consumer._intake.attach(self.reader, conn)  # type: ignore[arg-type]
         self.on_messages = conn.on_messages
         self.decoder = FrameDecoder()
 
     def feed(self, *frames: bytes) -> list[Message]:
         src, spans = self.decoder.feed_spans(b"".join(frames))
         self.on_messages(src, spans)
-        queued = list(self.consumer._queue)  # no worker waits: the messages are queued
-        self.consumer._queue.clear()
+        queued = list(self.consumer._workers.queue)  # no worker waits: the messages are queued
+        self.consumer._workers.queue.clear()
         return queued
 
 
 def test_only_plain_ordered_readers_take_the_hot_path() -> None:
     s = Setup()
-    assert s.on_messages.func == s.consumer._on_ordered
+    assert s.on_messages.func == s.consumer._intake.on_ordered
     # auto_touch stamps every message: the general path does.
     touching = Setup(auto_touch=True)
-    assert touching.on_messages.func == touching.consumer._on_messages
+    assert touching.on_messages.func == touching.consumer._intake.on_messages
     # A plain function handler runs in the worker threads, which take the general path.
     threaded = Setup(sync=True)
-    assert threaded.on_messages.func == threaded.consumer._on_messages
+    assert threaded.on_messages.func == threaded.consumer._intake.on_messages
     # An ext topic's messages carry headers: the general path decodes them.
-    assert not _Reader(s.consumer, "a:1", s.reader.conn, 3, ordered=True, ext=True).straight
+    assert not Subscription(
+        s.consumer._answers, "a:1", s.reader.conn, 3, ordered=True, ext=True
+    ).straight
 
 
 def test_messages_decode_as_the_general_path_does() -> None:
@@ -105,7 +107,7 @@ def test_backwards_offsets_or_ids_are_reported_and_do_not_move_the_watermark(
     s.feed(frame(6, 200))  # a redelivery of the last good one: allowed
     s.feed(frame(8, 400))
     assert s.violations == [(150, 6, 200), (300, 6, 200)]
-    checker = s.consumer._order[3]
+    checker = s.consumer._intake.order[3]
     assert (checker.last_id, checker.last_offset) == (8, 400)
 
 

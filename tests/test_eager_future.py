@@ -5,15 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections.abc import Iterator
 
 import anyio
 import pytest
 
-from smartnsq.connection import _EagerFuture
+from smartnsq import eager
+from smartnsq.eager import EagerFuture as _EagerFuture
 
 pytestmark = pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 
 var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+
+@pytest.fixture(autouse=True)
+def eager_on() -> Iterator[None]:
+    """These tests are of the eager path (tests/consumer/test_eager.py: the fallback)."""
+    assert eager.force(None), "the eager probe fails on this Python"
+    yield
 
 
 def run(loop: str, main) -> None:  # type: ignore[no-untyped-def]

@@ -6,11 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections.abc import Iterator
 
 import anyio
 import pytest
 
+from smartnsq import eager
 from smartnsq.idle import IdleWorkers
+
+
+@pytest.fixture(autouse=True)
+def eager_on() -> Iterator[None]:
+    """These tests are of the eager path (tests/consumer/test_eager.py: the fallback)."""
+    assert eager.force(None), "the eager probe fails on this Python"
+    yield
 
 
 @pytest.mark.anyio

@@ -45,7 +45,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Tracer, TracerProvider
 
 from smartnsq._version import __version__
-from smartnsq.consumer import Consumer, _is_async
+from smartnsq.consumer import Consumer, is_async_handler
 from smartnsq.errors import InvalidArgument, InvalidType, NSQError, ProtocolError
 from smartnsq.message import Message
 from smartnsq.producer import Producer
@@ -102,7 +102,7 @@ def instrument(
             "instrument takes a smartnsq Producer or Consumer (async or sync), "
             f"not {type(client).__name__}"
         )
-    handler = client._handler
+    handler = client.handler
     if handler is None:
         raise InvalidArgument(
             "this Consumer has no handler: trace the messages you pull in your own spans"
@@ -112,7 +112,7 @@ def instrument(
     topic, channel = (
         (client.topic, client.channel) if isinstance(client, Consumer) else client._args
     )
-    client._handler = _traced_handler(handler, tracer, topic, channel)
+    client.handler = _traced_handler(handler, tracer, topic, channel)
 
 
 def uninstrument(client: Producer | SyncProducer | Consumer | SyncConsumer) -> None:
@@ -132,9 +132,9 @@ def uninstrument(client: Producer | SyncProducer | Consumer | SyncConsumer) -> N
         started = client._started if isinstance(client, Consumer) else client._portal is not None
         if started:
             raise NSQError("uninstrument a Consumer before starting it")
-        original = getattr(client._handler, "__wrapped__", None)
-        if original is not None and getattr(client._handler, "_smartnsq_traced", False):
-            client._handler = original
+        original = getattr(client.handler, "__wrapped__", None)
+        if original is not None and getattr(client.handler, "_smartnsq_traced", False):
+            client.handler = original
 
 
 # -- producers -----------------------------------------------------------------------------------
@@ -332,7 +332,7 @@ def _traced_handler(
     handler: Callable[[Message], Any], tracer: Tracer, topic: str, channel: str
 ) -> Callable[[Message], Any]:
     name = f"process {topic}"
-    if _is_async(handler):
+    if is_async_handler(handler):
 
         @functools.wraps(handler)
         async def traced_async(msg: Message) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import warnings
 import zlib
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +20,14 @@ from typing import Any
 
 from smartnsq import _checks
 from smartnsq._version import __version__
-from smartnsq.errors import ConnectFailed, InvalidArgument, ProtocolError, error_from_frame
+from smartnsq.errors import (
+    ConnectFailed,
+    InsecureAuth,
+    InsecureAuthWarning,
+    InvalidArgument,
+    ProtocolError,
+    error_from_frame,
+)
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -112,7 +120,7 @@ class ConnectionConfig:
     busy_poll: float = 0.0
 
     def __post_init__(self) -> None:
-        _checks.check_config(self)
+        check_config(self)
         if self.snappy and self.deflate:
             raise InvalidArgument("choose either snappy or deflate compression, not both")
         if not 1 <= self.deflate_level <= 9:
@@ -150,10 +158,11 @@ class ConnectionConfig:
         }
         if self.msg_timeout is not None:
             body["msg_timeout"] = int(self.msg_timeout * 1000)
+        # 0 (ours) turns buffering off; nsqd's own 0 would mean "your default", so -1.
         if self.output_buffer_size is not None:
-            body["output_buffer_size"] = self.output_buffer_size
+            body["output_buffer_size"] = self.output_buffer_size or -1
         if self.output_buffer_timeout is not None:
-            body["output_buffer_timeout"] = int(self.output_buffer_timeout * 1000)
+            body["output_buffer_timeout"] = round(self.output_buffer_timeout * 1000) or -1
         if self.extend_support is not None:
             body["extend_support"] = self.extend_support
         body.update(self.identify_extra)
@@ -218,17 +227,18 @@ class Features:
             snappy=reply.get("snappy") is True,
             deflate=reply.get("deflate") is True,
             auth_required=reply.get("auth_required") is True,
-            output_buffer_timeout=_reply_int(reply, "output_buffer_timeout", 250) / 1000,
+            output_buffer_timeout=_reply_int(reply, "output_buffer_timeout", 250, zero=True) / 1000,
             raw=dict(reply),
         )
 
 
-def _reply_int(reply: Mapping[str, Any], name: str, default: int) -> int:
-    """A positive whole number from nsqd's IDENTIFY reply (absent or 0: ``default``)."""
+def _reply_int(reply: Mapping[str, Any], name: str, default: int, zero: bool = False) -> int:
+    """A positive whole number from nsqd's IDENTIFY reply (absent, or 0 unless ``zero``
+    says 0 means something: ``default``)."""
     value = reply.get(name)
-    if value is None or value == 0:
+    if value is None or (value == 0 and not zero):
         return default
-    if type(value) is not int or not 0 < value < 2**53:
+    if type(value) is not int or not (0 if zero else 1) <= value < 2**53:
         raise ProtocolError(f"IDENTIFY reply has an unusable {name}: {value!r:.40}")
     return value
 
@@ -338,7 +348,7 @@ class Handshake:
         if f.auth_required:
             if cfg.auth_secret is None:
                 raise ConnectFailed(f"nsqd {self.address} requires AUTH but no auth_secret was set")
-            _checks.check_plaintext_auth(self.address, cfg, f.tls)
+            check_plaintext_auth(self.address, cfg, f.tls)
             secret = cfg.auth_secret
             reply = yield Send(
                 commands.auth(secret.encode() if isinstance(secret, str) else secret)
@@ -352,3 +362,89 @@ class Handshake:
 def _expect_ok(payload: bytes) -> None:
     if payload != b"OK":
         raise ProtocolError(f"expected OK during the handshake, got {payload[:64]!r}")
+
+
+# -- checks of the settings ----------------------------------------------------------------------
+
+# nsqd's limits with its default flags: --min-output-buffer-timeout 25ms,
+# --max-output-buffer-timeout 30s (Youzan's fork: 1s), --max-output-buffer-size 64 KiB, and
+# a buffer of at least 64 bytes. Outside them nsqd refuses IDENTIFY with E_BAD_BODY.
+OUTPUT_BUFFER_TIMEOUT_RANGE = (0.025, 30.0)
+OUTPUT_BUFFER_SIZE_RANGE = (64, 65536)
+
+
+def check_output_buffer(size: object, timeout: object) -> None:
+    """``output_buffer_size`` (bytes) and ``output_buffer_timeout`` (seconds): None for
+    nsqd's default, 0 for no buffering, else within nsqd's limits."""
+    _checks.check_number("output_buffer_size", size, integer=True, min=0, allow_none=True)
+    _checks.check_number("output_buffer_timeout", timeout, min=0, allow_none=True)
+    low, high = OUTPUT_BUFFER_SIZE_RANGE
+    if size and not low <= size <= high:  # type: ignore[operator]
+        raise InvalidArgument(
+            f"output_buffer_size must be 0 (no buffering) or {low} to {high} bytes "
+            f"(nsqd's --max-output-buffer-size by default), not {size!r}"
+        )
+    low_t, high_t = OUTPUT_BUFFER_TIMEOUT_RANGE
+    if timeout and not low_t <= timeout <= high_t:  # type: ignore[operator]
+        raise InvalidArgument(
+            f"output_buffer_timeout must be 0 (no buffering) or {low_t} to {high_t} seconds "
+            f"(nsqd's --min/--max-output-buffer-timeout by default), not {timeout!r}"
+        )
+
+
+def check_config(c: ConnectionConfig) -> None:
+    """Types and ranges of every :class:`~smartnsq.connection.ConnectionConfig` field."""
+    _checks.check_str("client_id", c.client_id, allow_none=True)
+    _checks.check_str("hostname", c.hostname)
+    _checks.check_str("user_agent", c.user_agent)
+    _checks.check_number("heartbeat_interval", c.heartbeat_interval)
+    if c.heartbeat_interval != -1:
+        _checks.check_number(
+            "heartbeat_interval", c.heartbeat_interval, min=1, max=60, hint=" (or -1 to disable)"
+        )
+    # nsqd takes a msg_timeout of at least one second (up to its --max-msg-timeout)
+    _checks.check_number("msg_timeout", c.msg_timeout, min=1, allow_none=True)
+    check_output_buffer(c.output_buffer_size, c.output_buffer_timeout)
+    _checks.check_number("sample_rate", c.sample_rate, integer=True, min=0, max=99)
+    _checks.check_tls(c.tls)
+    _checks.check_str("tls_hostname", c.tls_hostname, allow_none=True)
+    _checks.check_bool("snappy", c.snappy)
+    _checks.check_bool("deflate", c.deflate)
+    _checks.check_number("deflate_level", c.deflate_level, integer=True, min=1, max=9)
+    _checks.check_secret(c.auth_secret)
+    _checks.check_bool("auth_over_plaintext", c.auth_over_plaintext)
+    _checks.check_bool("extend_support", c.extend_support, allow_none=True)
+    _checks.check_identify("identify", c.identify_extra)
+    _checks.check_timeout("connect_timeout", c.connect_timeout)
+    _checks.check_timeout("handshake_timeout", c.handshake_timeout)
+    _checks.check_number("max_frame_size", c.max_frame_size, integer=True, min=1)
+    # Longer than 10 ms, polling would burn a core's worth of time on every slow answer.
+    _checks.check_number(
+        "busy_poll", c.busy_poll, min=0, max=0.01, hint=" (seconds; 0 turns polling off)"
+    )
+
+
+# -- AUTH without TLS --------------------------------------------------------------------------
+
+_warned_plaintext_auth = False
+
+
+def check_plaintext_auth(address: str, config: ConnectionConfig, tls: bool) -> None:
+    """Called right before the AUTH secret is written: refuse or warn when TLS is off."""
+    global _warned_plaintext_auth
+    if tls:
+        return
+    if not config.auth_over_plaintext:
+        raise InsecureAuth(
+            f"nsqd {address} asks for AUTH but the connection is not encrypted and "
+            "auth_over_plaintext=False: the secret was not sent; enable TLS (tls=True) "
+            "or allow plain-text AUTH"
+        )
+    if not _warned_plaintext_auth:
+        _warned_plaintext_auth = True
+        warnings.warn(
+            f"sending the AUTH secret to nsqd {address} without TLS: anyone on the network "
+            "path can read it; use tls=True, or auth_over_plaintext=False to refuse",
+            InsecureAuthWarning,
+            stacklevel=2,
+        )

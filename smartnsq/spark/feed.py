@@ -16,19 +16,16 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
-from smartnsq.consumer import Consumer
+from smartnsq.consumer import Consumer, Subscription
 from smartnsq.errors import NSQError
 from smartnsq.message import Message
 from smartnsq.protocol.frames import Span
 from smartnsq.spark import loop
 from smartnsq.spark.options import Settings
-
-if TYPE_CHECKING:
-    from smartnsq.consumer import _Reader
 
 DEFAULT_TOUCH_INTERVAL = 10.0  # well under nsqd's default --msg-timeout of 60 s
 # nsqd lets one connection hold at most --max-rdy-count (default 2500) messages in flight;
@@ -37,7 +34,7 @@ RDY_PER_CONNECTION = 2500
 MAX_SUBSCRIPTIONS = 64
 
 # One classic read: the connection's reader, the read buffer, its message frames' spans.
-Raw = tuple["_Reader", bytes, list[Span]]
+Raw = tuple[Subscription, bytes, list[Span]]
 
 
 def raw_ids(src: bytes, spans: list[Span]) -> list[bytes]:
@@ -67,7 +64,7 @@ class Taken:
             self.messages.append(item)
             self.count += 1
 
-    def raw_by_reader(self) -> Iterator[tuple[_Reader, list[bytes]]]:
+    def raw_by_reader(self) -> Iterator[tuple[Subscription, list[bytes]]]:
         for reader, src, spans in self.raw:
             yield reader, raw_ids(src, spans)
 
@@ -93,7 +90,7 @@ class Feed:
             for _ in range(count)
         ]
         for consumer in self.consumers:
-            consumer._set_raw_sink(self._on_raw)
+            consumer.sinks.set_raw(self._on_raw)
         # Raw reads and Messages in arrival order; only take() removes from the left.
         self.buffer: deque[Raw | Message] = deque()
         self.arrived = threading.Event()
@@ -118,9 +115,9 @@ class Feed:
         if not self.arrived.is_set():
             self.arrived.set()
 
-    def _on_raw(self, reader: _Reader, src: bytes, spans: list[Span]) -> None:
+    def _on_raw(self, reader: Subscription, src: bytes, spans: list[Span]) -> None:
         if self._closing:  # arrived after close() gave everything back: give it back too
-            reader.consumer._write_requeues(reader, raw_ids(src, spans))
+            reader.answers.requeue_ids(reader, raw_ids(src, spans))
             return
         self.buffer.append((reader, src, spans))
         self._arrived()
@@ -201,9 +198,9 @@ class Feed:
         for batch in batches:
             for reader, ids in batch.raw_by_reader():
                 if fin:
-                    reader.consumer._write_fins(reader, ids)
+                    reader.answers.finish_ids(reader, ids)
                 else:
-                    reader.consumer._write_requeues(reader, ids)
+                    reader.answers.requeue_ids(reader, ids)
             for msg in batch.messages:
                 if msg.has_responded:
                     continue
@@ -223,7 +220,7 @@ class Feed:
                 waiting.add(item)
             for batch in [*self.held, waiting]:
                 for reader, ids in batch.raw_by_reader():
-                    reader.consumer._write_touches(reader, ids)
+                    reader.answers.touch_ids(reader, ids)
                 for msg in batch.messages:
                     if not msg.has_responded:
                         with contextlib.suppress(NSQError):

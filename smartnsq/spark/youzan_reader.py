@@ -49,7 +49,7 @@ def connection_config(settings: Settings) -> ConnectionConfig:
 
     assert settings.topic is not None
     consumer = Consumer(settings.topic, settings.channel_prefix, **settings.client_kwargs())
-    return dataclasses.replace(consumer._config)
+    return dataclasses.replace(consumer.connection_config)
 
 
 def _infos(settings: Settings) -> list[PartitionInfo]:

@@ -2,7 +2,8 @@
 
 It runs the async :class:`smartnsq.Consumer` (RDY, backoff, heartbeats, ordered partitions,
 graceful stop: one implementation) on an event loop in a background thread, and hands
-messages to the user's thread.
+messages to the user's thread through the async consumer's sink: nothing waits on the loop
+for the user's thread, and answers from it reach the loop in batches.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import signal
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
-from functools import partial
 from typing import Any
 
 import anyio
@@ -20,23 +20,10 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from smartnsq.consumer import Consumer as AsyncConsumer
 from smartnsq.consumer import Handler
-from smartnsq.errors import InvalidArgument, InvalidType, NSQError
-from smartnsq.lag import ChannelLag, channel_lag
+from smartnsq.errors import InvalidType, NSQError
+from smartnsq.lag import ChannelLag, consumer_lag
 from smartnsq.message import Message
 from smartnsq.observe.stats import ConsumerStats
-
-_FIN, _REQUEUE, _BACK = "fin", "requeue", "back"
-
-
-class _Handed:
-    """A message handed to the user's thread, and how it ends."""
-
-    __slots__ = ("done", "message", "outcome")
-
-    def __init__(self, message: Message) -> None:
-        self.message = message
-        self.done = anyio.Event()
-        self.outcome = _FIN
 
 
 class Consumer:
@@ -78,7 +65,6 @@ class Consumer:
                 consumer``.
             **options: Any keyword argument of [`smartnsq.Consumer`][smartnsq.Consumer]
                 (``lookupd_http_addresses``, ``nsqd_tcp_addresses``, ``max_in_flight``, ...).
-                Without a handler, ``concurrency`` defaults to ``max_in_flight``.
 
         Raises:
             InvalidType: ``handler`` is not callable. The options are checked by
@@ -93,10 +79,21 @@ class Consumer:
         self._portal: BlockingPortal | None = None
         self._consumer: AsyncConsumer | None = None
         self._entered: AbstractContextManager[Any] = nullcontext()
-        self._handed: queue.SimpleQueue[_Handed | None] = queue.SimpleQueue()
-        self._current: _Handed | None = None
+        self._handed: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
+        self._current: Message | None = None
         self._stopped = threading.Event()
         self._closed = False
+
+    @property
+    def handler(self) -> Handler | None:
+        """The handler (set it only before the consumer starts, say to wrap it)."""
+        return self._handler
+
+    @handler.setter
+    def handler(self, handler: Handler) -> None:
+        if self._portal is not None or self._closed:
+            raise NSQError("change a Consumer's handler before starting it")
+        self._handler = handler
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -121,8 +118,7 @@ class Consumer:
         self._portal_cm = start_blocking_portal()
         self._portal = portal = self._portal_cm.__enter__()
         try:
-            handler = self._handler if self._handler is not None else self._hand_over
-            self._consumer = portal.call(self._create, handler)
+            self._consumer = portal.call(self._create)
             # Entered and exited in one task of the loop (it owns a task group).
             self._entered = portal.wrap_async_context_manager(self._consumer)
             self._entered.__enter__()
@@ -131,12 +127,11 @@ class Consumer:
             self._portal = None
             raise
 
-    def _create(self, handler: Handler) -> AsyncConsumer:
-        options = dict(self._options)
+    def _create(self) -> AsyncConsumer:
+        consumer = AsyncConsumer(*self._args, self._handler, **self._options)
         if self._handler is None:
-            # Every message the consumer may hold can be waiting for the user's thread.
-            options.setdefault("concurrency", max(1, int(options.get("max_in_flight", 1))))
-        return AsyncConsumer(*self._args, handler, **options)
+            consumer.sinks.set(self._handed.put)  # on the loop; a thread-safe put
+        return consumer
 
     def close(self, timeout: float = 10.0, *, handled: bool = True) -> None:
         """Stop gracefully (see [`smartnsq.Consumer.stop`][smartnsq.Consumer.stop]).
@@ -156,7 +151,7 @@ class Consumer:
         portal, consumer = self._portal, self._consumer
         current, self._current = self._current, None
         if current is not None:
-            self._release(current, _FIN if handled else _REQUEUE)
+            consumer.sinks.settle(current, "finish" if handled else "requeue")
         stop = portal.start_task_soon(consumer.stop, timeout)
         # Messages waiting for this thread go back at once; more may arrive until RDY 0.
         while not stop.done():
@@ -214,12 +209,13 @@ class Consumer:
         while not self._stopped.is_set():
             current, self._current = self._current, None
             if current is not None:
-                self._release(current, _FIN)
-            handed = self._handed.get()
-            if handed is None:
+                assert self._consumer is not None
+                self._consumer.sinks.settle(current, "finish")
+            message = self._handed.get()
+            if message is None:
                 return
-            self._current = handed
-            yield handed.message
+            self._current = message
+            yield message
 
     def stats(self) -> ConsumerStats:
         """The consumer's counters (see [`smartnsq.Consumer.stats`][smartnsq.Consumer.stats]).
@@ -256,37 +252,12 @@ class Consumer:
         """
         topic, channel = self._args
         lookupds = self._options.get("lookupd_http_addresses", ())
-        if not lookupds and not nsqd_http_addresses:
-            raise InvalidArgument(
-                "this Consumer reads nsqd_tcp_addresses without a lookupd: pass lag() their "
-                "nsqd_http_addresses (a TCP connection does not tell nsqd's HTTP port)"
-            )
-        return anyio.run(
-            partial(
-                channel_lag,
-                topic,
-                channel,
-                lookupd_http_addresses=lookupds,
-                nsqd_http_addresses=nsqd_http_addresses,
-                timeout=timeout,
-            )
+        lag: list[ChannelLag] = anyio.run(
+            consumer_lag, topic, channel, lookupds, nsqd_http_addresses, timeout
         )
+        return lag
 
     # -- the loop's side -------------------------------------------------------------------------
-
-    async def _hand_over(self, message: Message) -> None:
-        """The async consumer's handler: wait until the user's thread is done with it."""
-        handed = _Handed(message)
-        self._handed.put(handed)
-        await handed.done.wait()
-        if message.has_responded or handed.outcome == _FIN:
-            return  # FINed by the consumer unless the user answered it already
-        message.requeue(0 if handed.outcome == _BACK else None, backoff=handed.outcome != _BACK)
-
-    def _release(self, handed: _Handed, outcome: str) -> None:
-        handed.outcome = outcome
-        assert self._portal is not None
-        self._portal.call(handed.done.set)
 
     def _give_back_waiting(self) -> None:
         while True:
@@ -295,4 +266,5 @@ class Consumer:
             except queue.Empty:
                 return
             if handed is not None:
-                self._release(handed, _BACK)
+                assert self._consumer is not None
+                self._consumer.sinks.settle(handed, "back")

@@ -734,7 +734,7 @@ async def test_fatal_error_closes_the_connection_and_reconnect_takes_over(
         await wait_until(lambda: c.stats().connections == 1, 10, "connected")
         first = only_client(nsqd.http, topic, ch)
         assert first is not None
-        (reader,) = c._readers.values()
+        (reader,) = c._state.subs.values()
         reader.write(b"RDY 999999\n")  # over max_rdy_count: nsqd answers E_INVALID, fatal
         await wait_until(
             lambda: any("E_INVALID" in r.getMessage() for r in caplog.records), 10, "E_INVALID"
@@ -979,7 +979,7 @@ async def test_fins_of_one_read_go_out_in_one_write(classic_cluster, anyio_backe
     async with Consumer(topic, ch, handler, nsqd_tcp_addresses=[nsqd.tcp], max_in_flight=2500) as c:
         await wait_until(lambda: c.stats().connections == 1, 10, "connected")
         # count what reaches the socket transport from here on (SUB and the first RDY are out)
-        (reader,) = c._readers.values()
+        (reader,) = c._state.subs.values()
         transport = reader.conn._link._transport
         write = transport.write
 

@@ -271,12 +271,12 @@ async def test_start_applies_once_not_on_reconnect(youzan_cluster, anyio_backend
     ) as consumer:
         await wait_until(lambda: len(got) >= len(sent), 30, "the re-read")
         # Drop the connection: the consumer reconnects and must not re-read from the start.
-        (reader,) = consumer._readers.values()
+        (reader,) = consumer._state.subs.values()
         await reader.conn.close(timeout=1)
         await wait_until(
             lambda: (
                 consumer.stats().connections == 1
-                and next(iter(consumer._readers.values())) is not reader
+                and next(iter(consumer._state.subs.values())) is not reader
             ),
             30,
             "a new connection",

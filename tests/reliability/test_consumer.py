@@ -165,7 +165,7 @@ async def test_an_answer_to_a_closed_connection_is_not_counted(classic_cluster, 
     ) as c:
         with anyio.fail_after(10):
             await started.wait()
-        (reader,) = c._readers.values()
+        (reader,) = c._state.subs.values()
         reader.conn.queue(b"NOT_A_COMMAND\n")  # nsqd answers E_INVALID and hangs up
         await wait_until(lambda: reader.conn.closed, 5, "nsqd closed the connection")
         release.set()  # the handler returns: its FIN has no connection to go to
@@ -263,7 +263,7 @@ async def test_stop_timeout_requeues_a_stuck_sync_handler_once(classic_cluster, 
         "the stuck message requeued",
     )
     gate.set()  # the handler returns late: its outcome must not answer again
-    pool, inbox = c._pool, c._inbox
+    pool, inbox = c._threads.pool, c._threads.inbox
     assert pool is not None and inbox is not None
     await wait_until(lambda: returned and not pool.active, 5, "the handler returned, thread ended")
     inbox.drain()  # whatever it sent back is dealt with

@@ -23,6 +23,7 @@ from smartnsq.errors import (
     UsedAfterFork,
     WrongEventLoop,
 )
+from smartnsq.protocol import handshake
 from smartnsq.protocol.frames import FRAME_RESPONSE, encode_frame
 from tests.helpers import topic_stats, unique, wait_until
 
@@ -272,7 +273,7 @@ async def test_auth_without_tls_warns_once_per_process(
     auth_nsqd: Any, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server, address = auth_nsqd
-    monkeypatch.setattr(_checks, "_warned_plaintext_auth", False)
+    monkeypatch.setattr(handshake, "_warned_plaintext_auth", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):

@@ -1,4 +1,5 @@
-"""Worker threads for plain (``def``) handlers, so the event loop keeps answering heartbeats.
+"""Handler threads: plain (``def``) handlers run in worker threads, so the event loop keeps
+answering heartbeats; :class:`Threads` bridges their outcomes back to the loop.
 
 The loop hands over each read as one job: the connection's reader, the read buffer and the
 message frames' spans (or, off the hot path, messages it already decoded). A thread builds
@@ -11,18 +12,25 @@ FIN command per batch without touching the messages again. Other outcomes go thr
 
 from __future__ import annotations
 
+import logging
 import struct
 import threading
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import anyio
+
+from smartnsq.consumer.answers import CALL, Answers
+from smartnsq.consumer.state import State
+from smartnsq.consumer.subscription import Subscription
+from smartnsq.errors import NSQError
 from smartnsq.inbox import Inbox
 from smartnsq.message import Message
 
-if TYPE_CHECKING:
-    from smartnsq.consumer import _Reader
+log = logging.getLogger("smartnsq.consumer")
 
 # Inbox items from a thread, (kind, message, value):
 RETURNED = 0  # the handler returned ``value``, not None
@@ -34,14 +42,14 @@ BATCH = 256  # outcomes after which a busy thread wakes the loop even with work 
 _unpack_head = struct.Struct(">qH").unpack_from
 _unpack_size = struct.Struct(">i").unpack_from
 
-# A job: (reader, read buffer, where each message frame's data starts in it) or (reader,
+# A job: (subscription, read buffer, where each message frame's data starts in it) or (reader,
 # None, messages); threads pop from the deque. Plain ints, unlike span tuples, are no work
 # for the garbage collector while they wait.
-Job = tuple["_Reader", bytes | None, deque[Any]]
+Job = tuple[Subscription, bytes | None, deque[Any]]
 _start = itemgetter(1)
 
 
-def build_message(reader: _Reader, src: bytes, start: int) -> Message:
+def build_message(reader: Subscription, src: bytes, start: int) -> Message:
     """The message whose frame data starts at ``start`` in ``src`` (the threads' hot loop
     has this inlined)."""
     end = start - 4 + _unpack_size(src, start - 8)[0]  # the frame's size field counts its type
@@ -77,7 +85,7 @@ class SyncPool:
         self.active = 0  # threads not waiting for work
         self.jobs: list[Job | None] = []  # the job each thread works on
         self.owned: dict[int, Message] = {}  # thread index -> message its handler runs
-        # Per thread: a _Reader, then the ids of the messages of that reader to FIN.
+        # Per thread: a Subscription, then the ids of the messages of that reader to FIN.
         self.fins: list[deque[Any]] = []
         self._seen: list[Message | None] = []
         self.closed = False
@@ -87,7 +95,7 @@ class SyncPool:
         """Messages no thread has started yet."""
         return sum(len(job[2]) for job in self._all_jobs())
 
-    def submit(self, reader: _Reader, src: bytes | None, items: list[Any]) -> None:
+    def submit(self, reader: Subscription, src: bytes | None, items: list[Any]) -> None:
         """Queue one read's frame spans (with ``src``) or messages (``src=None``) (on the
         loop)."""
         self._queue.append((reader, src, deque(items if src is None else map(_start, items))))
@@ -252,3 +260,97 @@ class SyncPool:
             if not inbox.scheduled and (fins or len(inbox)):
                 unsent = 0
                 wake()
+
+
+class Threads:
+    """The bridge between the loop and the handler threads: starts the pool (with a ``def``
+    handler), and on the loop writes what the threads send back: batched FINs, other
+    outcomes, and answers made by hand on a thread."""
+
+    __slots__ = ("answers", "fin_subs", "inbox", "pool", "state")
+
+    def __init__(self, state: State, answers: Answers) -> None:
+        self.state = state
+        self.answers = answers
+        self.pool: SyncPool | None = None
+        self.inbox: Inbox | None = None
+        self.fin_subs: dict[int, Subscription] = {}  # thread index -> where its FINs go
+
+    def start(self) -> None:
+        """On the loop: the inbox, and the pool for a plain ``def`` handler."""
+        state = self.state
+        options = state.options
+        self.inbox = self.answers.inbox = Inbox(self._on_inbox, partial(self._send_fins, False))
+        state.spawn(self.inbox.run)
+        if options.handler is not None and not options.async_handler:
+            self.pool = SyncPool(options.handler, options.workers, self.inbox, options.max_attempts)
+            state.spawn(self._watch, self.pool)
+
+    async def _watch(self, pool: SyncPool) -> None:
+        """Add threads when handlers are stuck; collect outcomes threads have not sent."""
+        inbox = self.inbox
+        assert inbox is not None
+        while not pool.closed:
+            await anyio.sleep(0.01 if pool.backlog else 0.05)
+            pool.check()
+            inbox.drain()
+
+    def busy(self) -> bool:
+        """Some handler thread is running, or its outcome has not been dealt with yet."""
+        pool = self.pool
+        if pool is not None and (pool.active or any(pool.fins)):
+            return True
+        return self.inbox is not None and len(self.inbox) > 0
+
+    def _on_inbox(self, items: deque[Any]) -> None:
+        """On the loop: what handler threads sent back since the last call, in order
+        (calls from a thread before the FINs they may precede)."""
+        answers = self.answers
+        popleft = items.popleft
+        while items:
+            kind, target, value = popleft()
+            if kind == RETURNED:
+                answers.handler_returned(target, value)
+            elif kind == FAILED:
+                answers.handler_failed(target, value)
+            elif kind == GIVE_UP:
+                answers.give_up(target)
+            else:  # CALL: finish(), requeue() or touch() from a thread
+                assert kind == CALL
+                try:
+                    target(*value)
+                except NSQError as exc:  # say, answered twice; the thread cannot be told
+                    log.warning("%s", exc)
+        self._send_fins(True)
+
+    def _send_fins(self, in_task: bool) -> bool:
+        """Write the FINs handler threads queued; False when that needs a task (the backoff
+        bookkeeping may start one)."""
+        if self.answers.pacing.backoff.level and not in_task:
+            return False
+        pool = self.pool
+        if pool is not None:
+            for index, fins in enumerate(pool.fins):
+                if fins:
+                    self._send(index, fins)
+        return True
+
+    def _send(self, index: int, fins: deque[Any]) -> None:
+        """One FIN command per run of ids a thread queued for one subscription."""
+        sub = self.fin_subs.get(index)
+        ids: list[bytes] = []
+        popleft = fins.popleft
+        while True:
+            try:
+                item = popleft()
+            except IndexError:
+                break
+            if type(item) is bytes:
+                ids.append(item)
+                continue
+            if ids and sub is not None:
+                self.answers.finish_ids(sub, ids)
+                ids = []
+            sub = self.fin_subs[index] = item
+        if ids and sub is not None:
+            self.answers.finish_ids(sub, ids)

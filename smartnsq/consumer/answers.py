@@ -1,0 +1,251 @@
+"""Answers: FIN, REQ and TOUCH, for one message or a run of ids, from the loop or from any
+thread; giving up on a message; a handler's failure or result. Written here once.
+
+The one exception is the async worker's FIN (smartnsq.consumer.workers), inlined there
+because it runs once per message; it keeps to what :meth:`Answers.fin` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from smartnsq._checks import check_requeue_delay
+from smartnsq.consumer.pacing import Pacing
+from smartnsq.consumer.state import State
+from smartnsq.consumer.subscription import Subscription
+from smartnsq.errors import ConnectionClosed, NSQError
+from smartnsq.inbox import Inbox
+from smartnsq.message import Message, id_text
+from smartnsq.notice import handler_failed
+from smartnsq.protocol import commands
+
+log = logging.getLogger("smartnsq.consumer")
+
+Outcome = Literal["finish", "requeue", "back"]
+CALL = 2  # inbox item (CALL, function, args): an answer made on another thread
+
+
+class Answers:
+    """The consumer's :class:`~smartnsq.message.Answerer` and its answer counters."""
+
+    __slots__ = ("awaiting", "discarded", "finished", "inbox", "pacing", "requeued", "state")
+
+    def __init__(self, state: State, pacing: Pacing) -> None:
+        self.state = state
+        self.pacing = pacing
+        self.finished = self.requeued = self.discarded = 0
+        # Where answers made on other threads are carried to the loop (set on start).
+        self.inbox: Inbox | None = None
+        # Messages whose handler returned an awaitable that is being awaited.
+        self.awaiting: set[Message] = set()
+
+    # -- from any thread (smartnsq.message.Answerer) ----------------------------------------------
+
+    def on_loop(self) -> bool:
+        return threading.get_ident() == self.state.thread
+
+    def finish(self, msg: Message) -> None:
+        self._anywhere(self.fin, msg)
+
+    def requeue(self, msg: Message, delay: float | None, backoff: bool) -> None:
+        if delay is not None:
+            delay = check_requeue_delay(delay)
+        self._anywhere(self.req, msg, delay, backoff)
+
+    def touch(self, msg: Message) -> None:
+        if self.on_loop():
+            self.touch_now(msg)
+        else:  # the FIN may overtake it: then it has nothing left to do
+            self._anywhere(self._touch_unless_answered, msg)
+
+    def settle(self, msg: Message, outcome: Outcome) -> None:
+        """For a sink's owner, done with ``msg``: ``"finish"`` FINs it unless answered by hand
+        (or its auto response was disabled); ``"requeue"`` REQs it as a failed handler would;
+        ``"back"`` gives it back for redelivery now, not counted as a failure."""
+        self._anywhere(self._settle_now, msg, outcome)
+
+    def _settle_now(self, msg: Message, outcome: Outcome) -> None:
+        if msg._responded:
+            return
+        if outcome == "finish":
+            if msg._auto:
+                self.fin(msg)
+        elif outcome == "requeue":
+            self.req(msg, None, True)
+        else:
+            self.give_back(msg)
+
+    def _anywhere(self, fn: Callable[..., None], *args: Any) -> None:
+        """Call ``fn`` now on the loop's thread, or carry it over there from another one."""
+        if threading.get_ident() == self.state.thread:
+            fn(*args)
+            return
+        inbox = self.inbox
+        if inbox is None:
+            raise NSQError("the consumer is not running")
+        inbox.put((CALL, fn, args))
+
+    def _touch_unless_answered(self, msg: Message) -> None:
+        if not msg._responded:
+            self.touch_now(msg)
+
+    # -- one message, on the loop -----------------------------------------------------------------
+
+    def fin(self, msg: Message, count: bool = True) -> None:
+        if msg._responded:
+            raise NSQError(f"message {id_text(msg)} was already answered")
+        msg._responded = True
+        sub: Subscription = msg._reader  # type: ignore[assignment]
+        sub.in_flight -= 1
+        try:
+            sub.write(b"FIN %s\n" % msg.id)
+        except ConnectionClosed:
+            lost(msg, "finish")
+        else:
+            if count:
+                self.finished += 1
+        if count and self.pacing.backoff.level:
+            self.pacing.result(success=True)
+
+    def req(self, msg: Message, delay: float | None, backoff: bool) -> None:
+        sub: Subscription = msg._reader  # type: ignore[assignment]
+        if sub.ordered:
+            delay = 0  # an ordered channel ignores REQ delays: the message must come back now
+        elif delay is None:
+            options = self.state.options
+            delay = min(options.requeue_delay * msg.attempts, options.max_requeue_delay)
+        if msg._responded:
+            raise NSQError(f"message {id_text(msg)} was already answered")
+        msg._responded = True
+        sub.in_flight -= 1
+        try:
+            sub.write(commands.req(msg.id, int(delay * 1000)))
+        except ConnectionClosed:
+            lost(msg, "requeue")
+        else:
+            self.requeued += 1
+        if backoff:
+            self.pacing.failed()
+
+    def give_back(self, msg: Message) -> None:
+        """REQ for redelivery now, not counted as a failure (stopping, or not started)."""
+        self.req(msg, 0, False)
+
+    def touch_now(self, msg: Message) -> None:
+        if msg._responded:
+            raise NSQError(f"message {id_text(msg)} was already answered")
+        msg._touched = time.monotonic()
+        with contextlib.suppress(ConnectionClosed):
+            msg._reader.conn.queue(commands.touch(msg.id))  # type: ignore[attr-defined]
+
+    # -- a run of ids of one subscription, on the loop (threads, raw sinks) ------------------------
+
+    def finish_ids(self, sub: Subscription, ids: list[bytes]) -> None:
+        """FIN ``ids`` (received on ``sub``) in one write."""
+        n = len(ids)
+        if self._write(sub, ids, b"FIN ", b"\n", "finish"):
+            self.finished += n
+        if self.pacing.backoff.level:
+            for _ in range(n):
+                self.pacing.result(success=True)
+
+    def requeue_ids(self, sub: Subscription, ids: list[bytes]) -> None:
+        """REQ ``ids`` (received on ``sub``) for redelivery now, in one write."""
+        if self._write(sub, ids, b"REQ ", b" 0\n", "requeue"):
+            self.requeued += len(ids)
+
+    def touch_ids(self, sub: Subscription, ids: list[bytes]) -> None:
+        """TOUCH ``ids`` (received on ``sub``) in one write."""
+        with contextlib.suppress(ConnectionClosed):
+            sub.write(b"TOUCH " + b"\nTOUCH ".join(ids) + b"\n")
+
+    @staticmethod
+    def _write(sub: Subscription, ids: list[bytes], head: bytes, tail: bytes, what: str) -> bool:
+        """One write of ``head + id + tail`` for each id; False when the connection is gone
+        (nsqd redelivers them)."""
+        sub.in_flight -= len(ids)
+        try:
+            sub.write(head + (tail + head).join(ids) + tail)
+        except ConnectionClosed:
+            log.debug(  # the lost connection itself is logged once
+                "could not %s %d messages: connection to %s is gone; nsqd will redeliver",
+                what,
+                len(ids),
+                sub.address,
+            )
+            return False
+        return True
+
+    # -- outcomes ---------------------------------------------------------------------------------
+
+    def answer(self, msg: Message, value: Any) -> None:
+        """What the handler's result ``value`` asks for (unless answered by hand)."""
+        if msg._auto and not msg._responded:
+            if value is False:
+                self.req(msg, None, True)
+            else:
+                self.fin(msg)
+
+    def handler_returned(self, msg: Message, value: Any) -> None:
+        """A handler thread's result: awaited first when it is awaitable."""
+        if inspect.isawaitable(value):
+            if self.state.tg is None:
+                return
+            self.awaiting.add(msg)
+            self.state.spawn(self._await_result, msg, value)
+        else:
+            self.answer(msg, value)
+
+    async def _await_result(self, msg: Message, awaitable: Awaitable[Any]) -> None:
+        """Await what a plain function handler returned, then answer as for its result."""
+        try:
+            value = await awaitable
+        except Exception as exc:
+            self.handler_failed(msg, exc)
+        else:
+            self.handler_returned(msg, value)
+        finally:
+            self.awaiting.discard(msg)
+
+    def handler_failed(self, msg: Message, exc: BaseException) -> None:
+        log.warning(
+            "handler failed for message %s (attempt %d): %r",
+            id_text(msg),
+            msg.attempts,
+            exc,
+            exc_info=exc,
+        )
+        handler_failed(log, f"message {id_text(msg)}, attempt {msg.attempts}", exc)
+        if msg._auto and not msg._responded:
+            self.req(msg, None, True)
+
+    def give_up(self, msg: Message) -> None:
+        """Past ``max_attempts``: ``on_giving_up`` (or a warning), then FIN."""
+        self.discarded += 1
+        options = self.state.options
+        if options.on_giving_up is None:
+            log.warning(
+                "giving up on message %s after %d attempts (max_attempts=%d); finishing it",
+                id_text(msg),
+                msg.attempts,
+                options.max_attempts,
+            )
+        else:
+            self.state.call_back("on_giving_up", options.on_giving_up, msg)
+        if not msg._responded:
+            self.fin(msg, count=False)
+
+
+def lost(msg: Message, what: str) -> None:
+    log.debug(  # per message; the lost connection itself is logged once
+        "could not %s message %s: connection to %s is gone; nsqd will redeliver it",
+        what,
+        id_text(msg),
+        msg._reader.address,
+    )

@@ -1,0 +1,138 @@
+"""Drain: the graceful stop (nothing left in flight), and auto-touch of running handlings."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import anyio
+
+from smartnsq.consumer.answers import Answers
+from smartnsq.consumer.intake import Intake
+from smartnsq.consumer.nodes import Nodes
+from smartnsq.consumer.state import State
+from smartnsq.consumer.subscription import Subscription
+from smartnsq.consumer.threads import Threads, build_message
+from smartnsq.consumer.workers import Workers
+from smartnsq.errors import NSQError
+from smartnsq.message import Message
+from smartnsq.protocol import commands
+
+
+class Drain:
+    __slots__ = ("answers", "draining", "intake", "nodes", "state", "stopped", "threads", "workers")
+
+    def __init__(
+        self,
+        state: State,
+        answers: Answers,
+        workers: Workers,
+        threads: Threads,
+        intake: Intake,
+        nodes: Nodes,
+    ) -> None:
+        self.state = state
+        self.answers = answers
+        self.workers = workers
+        self.threads = threads
+        self.intake = intake
+        self.nodes = nodes
+        self.stopped = anyio.Event()
+        self.draining: anyio.CancelScope | None = None  # the wait for running handlers
+
+    def running(self, threads: bool = True) -> list[Message]:
+        """The messages whose handling is under way."""
+        running = self.workers.running()
+        pool = self.threads.pool
+        if threads and pool is not None:
+            running += pool.running()
+        if self.answers.awaiting:
+            running += self.answers.awaiting
+        return running
+
+    def _held(self) -> bool:
+        """A message sink still holds unanswered messages (its owner answers them)."""
+        return self.intake.sink is not None and any(
+            s.in_flight > 0 and s.conn.usable for s in self.state.subs.values()
+        )
+
+    async def stop(self, timeout: float, pulled_done: bool) -> None:
+        """See :meth:`smartnsq.Consumer.stop`; the message last pulled with ``async for`` is
+        finished when ``pulled_done``, else requeued."""
+        state, answers = self.state, self.answers
+        if state.stopping:
+            await self.stopped.wait()
+            return
+        state.stopping = True
+        answers.pacing.pause()
+        queue = self.workers.queue
+        while queue:  # never started: give them back right away
+            answers.give_back(queue.popleft())
+        pool = self.threads.pool
+        if pool is not None:
+            for (sub, src, _), item in pool.take_unstarted():
+                answers.give_back(item if src is None else build_message(sub, src, item))
+            pool.close()  # running handlers finish; nothing new starts
+        pulled = self.workers.pulled
+        if pulled is not None and pulled._auto and not pulled._responded:
+            if pulled_done:
+                answers.fin(pulled)
+            else:
+                answers.give_back(pulled)
+        with anyio.move_on_after(timeout) as self.draining:
+            while self.running() or self.threads.busy() or self._held():
+                await anyio.sleep(0.01)
+        self.draining = None
+        self.workers.cancel()
+        if self.threads.inbox is not None:
+            self.threads.inbox.drain()  # outcomes already back: answered as the handler said
+        # Threads cannot be cancelled: take their messages over (a thread answers only
+        # what it still owns) and requeue them.
+        running = self.running(threads=False)
+        if pool is not None:
+            running += pool.steal_running()
+        for msg in running:
+            if not msg._responded:
+                answers.give_back(msg)
+        self.workers.release()
+        with anyio.CancelScope(shield=True):
+            subs = list(state.subs.values())
+            async with anyio.create_task_group() as tg:
+                for sub in subs:
+                    tg.start_soon(_close_wait, sub)
+            for sub in subs:
+                await sub.conn.close(timeout=1.0)
+        self.nodes.cancel()
+        self.stopped.set()
+
+    def cut(self, timeout: float) -> None:
+        """A second stop: cut the wait for running handlers down to ``timeout``."""
+        draining = self.draining
+        if draining is not None:
+            draining.deadline = min(draining.deadline, anyio.current_time() + timeout)
+
+    async def touch_loop(self) -> None:
+        """``auto_touch``: TOUCH running handlings' messages at half nsqd's timeout."""
+        while True:
+            await anyio.sleep(1.0)
+            now = time.monotonic()
+            for msg in self.running():
+                features = msg._reader.conn.features  # type: ignore[attr-defined]
+                if msg._responded or now - msg._received >= features.max_msg_timeout:
+                    continue
+                if now - msg._touched >= features.msg_timeout / 2:
+                    with contextlib.suppress(NSQError):  # a handler thread just answered it
+                        self.answers.touch_now(msg)
+
+
+async def _close_wait(sub: Subscription) -> None:
+    """CLS, then keep reading for one output-buffer period: nsqd's sender may have taken a
+    message before it saw RDY 0 and write it after CLOSE_WAIT, to go out when nsqd next
+    flushes. It is requeued as it comes (see intake); closed without reading, it would stay
+    in flight in nsqd until its timeout."""
+    conn = sub.conn
+    if not conn.usable:
+        return
+    with anyio.move_on_after(2.0), contextlib.suppress(NSQError):
+        await conn.request(commands.CLS, timeout=1.0)
+        await anyio.sleep(conn.features.output_buffer_timeout + 0.05)

@@ -1,0 +1,295 @@
+"""Intake: a connection's reads, turned into deliveries for whoever takes them.
+
+Each read's message frames go to one sink: the handler threads (whole reads), a raw sink
+(whole reads, see :meth:`Intake.set_raw_sink`), a message sink (see
+:meth:`Intake.set_sink`), or the workers' queue (an ``async def`` handler, or pulling).
+Counters and RDY top-ups are settled once per read.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from collections.abc import Callable
+from functools import partial
+
+from smartnsq.connection import Connection
+from smartnsq.consumer.answers import Answers
+from smartnsq.consumer.state import State
+from smartnsq.consumer.subscription import Subscription
+from smartnsq.consumer.threads import Threads
+from smartnsq.consumer.workers import Workers
+from smartnsq.errors import ProtocolError
+from smartnsq.message import Message, id_text
+from smartnsq.ordered.validation import OrderChecker
+from smartnsq.protocol.compress import maybe_compressed, unpack
+from smartnsq.protocol.frames import Span
+from smartnsq.protocol.message import CLASSIC, OFFSET_HEAD, decode_message
+from smartnsq.trace import TraceSwitch, emit
+
+log = logging.getLogger("smartnsq.consumer")
+
+_unpack_head = struct.Struct(">qH").unpack_from
+
+#: Takes a subscription's read as it came: the read buffer and its message frames' spans,
+#: each frame's data being ``[timestamp][attempts][id][body]``.
+RawSink = Callable[[Subscription, bytes, list[Span]], None]
+#: Takes each delivered message (on the loop).
+Sink = Callable[[Message], None]
+
+
+class Intake:
+    __slots__ = (
+        "answers",
+        "order",
+        "raw_sink",
+        "sink",
+        "state",
+        "threads",
+        "trace",
+        "workers",
+    )
+
+    def __init__(self, state: State, answers: Answers, workers: Workers, threads: Threads) -> None:
+        self.state = state
+        self.answers = answers
+        self.workers = workers
+        self.threads = threads
+        self.trace = TraceSwitch()
+        self.order: dict[int | None, OrderChecker] = {}
+        self.raw_sink: RawSink | None = None
+        self.sink: Sink | None = None
+
+    def set_raw_sink(self, sink: RawSink) -> None:
+        """See :meth:`smartnsq.consumer.Sinks.set_raw`."""
+        self.raw_sink = sink
+
+    def set_sink(self, sink: Sink) -> None:
+        """See :meth:`smartnsq.consumer.Sinks.set`."""
+        self.sink = sink
+
+    def attach(self, sub: Subscription, conn: Connection) -> None:
+        """Route the message frames of the connection's reads to the subscription."""
+        options = self.state.options
+        if sub.straight and options.async_handler and not options.auto_touch:
+            conn.on_messages = partial(self.on_ordered, sub)
+            conn.before_read = None  # it reads the clock itself: one call fewer per message
+        else:
+            conn.on_messages = partial(self.on_messages, sub)
+            conn.before_read = sub.before_read
+
+    def on_messages(self, sub: Subscription, src: bytes, spans: list[Span]) -> None:
+        """Every message frame of one read."""
+        state = self.state
+        options = state.options
+        n = len(spans)
+        sub.in_flight += n
+        sub.rdy_left -= n
+        sub.received += n
+        state.received += n
+        sub.last_message = sub.batch_time
+        # Top up before it runs dry (not an ordered RDY 1: nsqd keeps it, as a window).
+        if (
+            sub.rdy
+            and sub.rdy_left <= sub.rdy >> 2
+            and not self.answers.pacing.backoff.level
+            and not sub.ordered
+        ):
+            sub.set_rdy(sub.rdy)
+        if sub.layout is CLASSIC and not (
+            state.stopping or options.auto_touch or self.trace.active
+        ):
+            # The whole read to whoever takes reads as they are: the raw sink, or the sync
+            # handler's threads, which build the messages themselves.
+            pool = self.threads.pool
+            whole = self.raw_sink or (pool.submit if pool is not None else None)
+            if whole is not None:
+                for _, start, end in spans:
+                    if end - start < 26:
+                        raise ProtocolError(f"message frame too short ({end - start} bytes)")
+                whole(sub, src, spans)
+                return
+            # Hot path: classic frames straight to the workers' queue (or the sink).
+            queue = self.workers.queue
+            append = self.sink or queue.append
+            max_attempts = options.max_attempts
+            for _, start, end in spans:
+                if end - start < 26:
+                    raise ProtocolError(f"message frame too short ({end - start} bytes)")
+                timestamp, attempts = _unpack_head(src, start)
+                mid = src[start + 10 : start + 26]
+                msg = Message(timestamp, attempts, mid, src[start + 26 : end])
+                msg._reader = sub
+                msg._responded = False
+                msg._auto = True
+                if max_attempts and attempts > max_attempts:
+                    self.answers.give_up(msg)
+                else:
+                    append(msg)
+            idle = self.workers.idle
+            if idle and queue:
+                idle.wake_one()
+            return
+        batch = []
+        for _, start, end in spans:
+            msg = decode_message(src[start:end], sub.layout, Message)
+            if self.on_message(sub, msg):
+                batch.append(msg)
+        if batch:
+            assert self.threads.pool is not None
+            self.threads.pool.submit(sub, None, batch)
+
+    def on_ordered(self, sub: Subscription, src: bytes, spans: list[Span]) -> None:
+        """``on_messages`` for an ordered partition's plain messages with an async handler
+        (nothing to skip, trace or decompress): decoded in place, the order checked inline,
+        and handled now. An ordered partition is round-trip bound: every step counts."""
+        sub.batch_time = now = time.monotonic()
+        state = self.state
+        if state.stopping or self.trace.active or sub.skip is not None:
+            self.on_messages(sub, src, spans)
+            return
+        n = len(spans)  # the counters as in on_messages; an ordered RDY is never topped up
+        sub.in_flight += n
+        sub.rdy_left -= n
+        sub.received += n
+        state.received += n
+        sub.last_message = now
+        checker = self.order.get(sub.partition)
+        if checker is None:
+            checker = self.order[sub.partition] = OrderChecker()
+        warn_at = state.options.blocked_warn_attempts
+        workers = self.workers
+        idle = workers.idle
+        for _, start, end in spans:
+            if end - start < 38:
+                raise ProtocolError("message frame ends before its offset block")
+            timestamp, attempts, internal_id, offset, raw_size = OFFSET_HEAD.unpack_from(src, start)
+            msg = Message(
+                timestamp,
+                attempts,
+                src[start + 10 : start + 26],
+                src[start + 38 : end],
+                0,
+                None,
+                offset,
+                raw_size,
+            )
+            msg._reader = sub
+            msg._responded = False
+            msg._auto = True
+            if internal_id < checker.last_id or offset < checker.last_offset or attempts >= warn_at:
+                self.check_order(sub, msg)  # logs and callbacks
+            else:
+                checker.last_id = internal_id
+                checker.last_offset = offset
+            if state.stopping:  # a handler of this read stopped the consumer
+                self.answers.give_back(msg)
+            elif not idle.run_as_worker(workers.handle_now, msg):
+                workers.queue.append(msg)
+                if idle:
+                    idle.wake_one(eager=True)
+
+    def on_message(self, sub: Subscription, msg: Message) -> bool:
+        """Account for one decoded message; True when it is for the handler threads."""
+        state = self.state
+        options = state.options
+        answers = self.answers
+        msg._reader = sub
+        msg._responded = False
+        msg._auto = True
+        if options.auto_touch:
+            msg._received = msg._touched = sub.batch_time
+        skip = sub.skip
+        if skip is not None:
+            if skip.stale(msg.offset, msg.timestamp):
+                answers.fin(msg, count=False)  # from before the start position
+                return False
+            if skip.below_offset is None:
+                sub.skip = None  # times need not rise: only the first deliveries are suspect
+        if sub.ordered:
+            self.check_order(sub, msg)
+        if self.trace.active and self.trace.enabled(options.topic):
+            self._trace(sub, msg)
+        if state.stopping:
+            answers.give_back(msg)
+            return False
+        if options.max_attempts and msg.attempts > options.max_attempts and not sub.ordered:
+            answers.give_up(msg)
+            return False
+        if msg.ext is not None and maybe_compressed(msg.ext) and (failed := unpack(msg)):
+            answers.handler_failed(msg, failed)  # as if the handler had raised it
+            return False
+        if self.threads.pool is not None:
+            return True
+        workers = self.workers
+        # Ordered: the partition waits for this very answer, so an idle worker's handling
+        # runs now, here (or, failing that, the woken worker runs before this returns).
+        if (
+            sub.ordered
+            and options.handler is not None
+            and workers.idle.run_as_worker(workers.handle_now, msg)
+        ):
+            return False
+        if self.sink is not None:
+            self.sink(msg)
+            return False
+        workers.queue.append(msg)
+        if workers.idle:
+            workers.idle.wake_one(eager=sub.ordered)
+        return False
+
+    def check_order(self, sub: Subscription, msg: Message) -> None:
+        options = self.state.options
+        partition = msg.partition if sub.partition is None else sub.partition
+        checker = self.order.get(partition)
+        if checker is None:
+            checker = self.order[partition] = OrderChecker()
+        last_id, last_offset = checker.last_id, checker.last_offset
+        if not checker.check(msg.internal_id, msg.offset):
+            log.error(
+                "order violation on %s partition %s: internal id %d / offset %s after %d / %d",
+                options.topic,
+                partition,
+                msg.internal_id,
+                msg.offset,
+                last_id,
+                last_offset,
+            )
+            if options.on_order_violation is not None:
+                self.state.call_back(
+                    "on_order_violation", options.on_order_violation, msg, last_id, last_offset
+                )
+        attempts = msg.attempts
+        warn, error = options.blocked_warn_attempts, options.blocked_error_attempts
+        if attempts >= warn:
+            level = logging.ERROR if attempts >= error else logging.WARNING
+            if attempts in (warn, error) or attempts % warn == 0:
+                log.log(
+                    level,
+                    "ordered partition %s of %s is blocked: message %s is on attempt %d",
+                    partition,
+                    options.topic,
+                    id_text(msg),
+                    attempts,
+                )
+            if options.on_blocked is not None:
+                self.state.call_back("on_blocked", options.on_blocked, msg)
+
+    def _trace(self, sub: Subscription, msg: Message) -> None:
+        youzan = sub.layout.binary_id
+        options = self.state.options
+        emit(
+            "consume",
+            topic=options.topic,
+            channel=options.channel,
+            partition=msg.partition,
+            internal_id=msg.internal_id if youzan else None,
+            trace_id=msg.trace_id if youzan else None,
+            message_id=msg.id.hex(),
+            offset=msg.offset,
+            size=msg.raw_size,
+            attempts=msg.attempts,
+            local=sub.conn.local_address,
+            nsqd=sub.address,
+        )

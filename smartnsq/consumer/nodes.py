@@ -1,0 +1,310 @@
+"""Nodes: which nsqd (and partitions) to consume from, one connection loop each.
+
+Discovery asks every lookupd at once and adds or drops connection loops; each loop
+connects, subscribes (following what a Youzan nsqd demands: ordered, ext), hands the
+connection's reads to intake, and reconnects with backoff. One bad node never stops the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import random
+
+import anyio
+
+from smartnsq.connection import Connection
+from smartnsq.consumer.answers import Answers
+from smartnsq.consumer.intake import Intake
+from smartnsq.consumer.pacing import Pacing
+from smartnsq.consumer.state import State
+from smartnsq.consumer.subscription import Subscription, Target
+from smartnsq.errors import (
+    ConnectionClosed,
+    LookupFailed,
+    NSQError,
+    ServerError,
+    SubExtendForbidden,
+    SubExtendNeeded,
+    SubOrderRequired,
+    TagNotSupported,
+)
+from smartnsq.lookup.manager import LookupManager
+from smartnsq.lookup.model import Node
+from smartnsq.notice import topic_missing
+from smartnsq.observe.logs import OncePerKind
+from smartnsq.protocol import commands
+from smartnsq.protocol.tags import check_tag_subscription
+
+log = logging.getLogger("smartnsq.consumer")
+
+
+class Nodes:
+    __slots__ = (
+        "answers",
+        "ext",
+        "failures",
+        "intake",
+        "last_error",
+        "lookup",
+        "lookup_failures",
+        "loops",
+        "nodes",
+        "ordered",
+        "pacing",
+        "requery",
+        "state",
+        "wanted",
+    )
+
+    def __init__(self, state: State, answers: Answers, pacing: Pacing, intake: Intake) -> None:
+        self.state = state
+        self.answers = answers
+        self.pacing = pacing
+        self.intake = intake
+        options = state.options
+        self.wanted: set[Target] = set()  # (nsqd, partition) we keep a connection loop for
+        self.loops: dict[Target, anyio.CancelScope] = {}
+        self.failures: dict[Target, int] = {}  # failed connection attempts in a row
+        self.nodes: dict[Target, Node] = {}  # partition leaders, for the start's HTTP calls
+        self.lookup_failures = 0
+        self.requery = anyio.Event()
+        self.lookup = (
+            LookupManager(options.lookupds, listlookup_interval=options.lookupd_poll_interval)
+            if options.lookupds
+            else None
+        )
+        # The subscription mode, following the topic when the options leave it open.
+        self.ordered = bool(options.ordered)
+        self.ext = bool(options.ext) or options.desired_tag is not None  # tags: ext only
+        self.last_error: ServerError | None = None
+
+    def start(self) -> None:
+        for address in self.state.options.direct:
+            self.want((address, None))
+        if self.lookup is not None:
+            self.state.spawn(self._lookup_loop)
+
+    def cancel(self) -> None:
+        for scope in self.loops.values():
+            scope.cancel()
+
+    def want(self, target: Target) -> None:
+        if target in self.wanted or self.state.tg is None:
+            return
+        self.wanted.add(target)
+        self.state.spawn(self._connection_loop, target)
+
+    def unwant(self, target: Target) -> None:
+        self.wanted.discard(target)
+        scope = self.loops.pop(target, None)
+        if scope is not None:
+            scope.cancel()
+
+    async def _connection_loop(self, target: Target) -> None:
+        # One WARNING when a connection is lost (or the first attempt fails), DEBUG for the
+        # attempts after it, INFO when subscribed again (_connect_and_consume resets it).
+        state, options = self.state, self.state.options
+        name = target_name(target)
+        with anyio.CancelScope() as scope:
+            self.loops[target] = scope
+            while target in self.wanted and not state.stopping:
+                try:
+                    await self._connect_and_consume(target)
+                    failures = self.failures[target] = 0
+                except (
+                    SubOrderRequired,
+                    SubExtendNeeded,
+                    SubExtendForbidden,
+                    TagNotSupported,
+                ) as exc:
+                    failures = self.failures[target] = self.failures.get(target, 0) + 1
+                    if self._adapt(exc):
+                        log.warning("nsqd %s: %s; switching subscription mode", name, exc)
+                        self.failures[target] = 0
+                        continue
+                    self.last_error = exc
+                    level = logging.ERROR if failures == 1 else logging.DEBUG
+                    log.log(level, "nsqd %s refuses the subscription: %s", name, _explain(exc))
+                except Exception as exc:  # one bad node must not stop the rest
+                    failures = self.failures[target] = self.failures.get(target, 0) + 1
+                    level = logging.WARNING if failures == 1 else logging.DEBUG
+                    expected = isinstance(exc, NSQError | OSError)
+                    log.log(
+                        level,
+                        "nsqd %s: %s; reconnecting (attempt %d; logged once until it recovers)",
+                        name,
+                        exc if expected else repr(exc),
+                        failures,
+                        exc_info=None if expected else exc,
+                    )
+                if state.stopping or target not in self.wanted:
+                    break
+                if self.lookup is not None:
+                    self.requery.set()
+                delay = min(options.reconnect_max, options.reconnect_min * 2 ** min(failures, 16))
+                await anyio.sleep(delay * random.uniform(0.5, 1.0))
+        if self.loops.get(target) is scope:
+            del self.loops[target]
+            self.failures.pop(target, None)
+
+    def _adapt(self, exc: ServerError) -> bool:
+        """With ``ordered``/``ext`` left to the topic (None), follow what the server demands."""
+        options = self.state.options
+        if isinstance(exc, SubOrderRequired) and options.ordered is None:
+            self.ordered = True
+            return True
+        if isinstance(exc, SubExtendNeeded | SubExtendForbidden) and options.ext is None:
+            self.ext = isinstance(exc, SubExtendNeeded)
+            return True
+        return False
+
+    async def _connect_and_consume(self, target: Target) -> None:
+        state, options = self.state, self.state.options
+        address, partition = target
+        ordered, ext = self.ordered, self.ext
+        config = options.config
+        tag = options.desired_tag
+        if ext:
+            extra = {} if tag is None else {"desired_tag": tag}
+            config = dataclasses.replace(config, extend_support=True, identify_extra=extra)
+        start = options.start_plan
+        # SUB_ADVANCED with 4 tokens: a 5th (its own start) would make nsqd ignore the partition.
+        advanced = not ordered and start.advanced
+        conn = await Connection.open(address, config)
+        if tag is not None and not (conn.features.youzan and ext):
+            await conn.close(timeout=0)
+            check_tag_subscription(options.topic, tag, conn.features.youzan, ext)
+        sub = Subscription(
+            self.answers, address, conn, partition, ordered=ordered, ext=ext, offsets=advanced
+        )
+        self.intake.attach(sub, conn)
+        conn.on_async_error = OncePerKind(log, address)
+        subscribe = (
+            commands.sub_ordered if ordered else commands.sub_advanced if advanced else commands.sub
+        )
+        refused: NSQError | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(conn.run)
+                try:
+                    await conn.request(
+                        subscribe(options.topic, options.channel, partition), timeout=10
+                    )
+                    if partition is not None and start.pending(partition):
+                        # Before any RDY: nothing is delivered from the old position.
+                        sub.skip = await start.apply(partition, self.nodes[target])
+                except NSQError as exc:  # raised plainly, not wrapped in a task-group error
+                    refused = exc
+                    tg.cancel_scope.cancel()
+                    return
+                state.subs[target] = sub
+                failed = self.failures.pop(target, 0)
+                log.info(
+                    "subscribed to %s/%s on nsqd %s%s%s",
+                    options.topic,
+                    options.channel,
+                    target_name(target),
+                    " (ordered)" if ordered else "",
+                    f" again after {failed} failed attempts" if failed else "",
+                )
+                if not self.pacing.backoff.level and state.max_in_flight:
+                    sub.set_rdy(1)  # prove the connection before giving it a full share
+                self.pacing.redistribute()
+        finally:
+            if state.subs.get(target) is sub:
+                del state.subs[target]
+            if not conn.closed:
+                with anyio.CancelScope(shield=True):
+                    await conn.close(timeout=0)
+            self.pacing.redistribute()
+            if refused is not None:
+                raise refused
+        reason = conn.close_reason
+        if not state.stopping and reason is not None:
+            raise reason if isinstance(reason, NSQError) else ConnectionClosed(str(reason))
+
+    # -- lookupd ---------------------------------------------------------------------------------
+
+    async def _lookup_loop(self) -> None:
+        assert self.lookup is not None
+        state, options = self.state, self.state.options
+        async with self.lookup:
+            last = -math.inf
+            while not state.stopping:
+                # Rate limit: re-queries triggered by dropped connections wait at least 1 s.
+                await anyio.sleep(max(0.0, last + 1.0 - anyio.current_time()))
+                last = anyio.current_time()
+                self.requery = anyio.Event()
+                await self._query_lookupds()
+                j = options.lookupd_poll_jitter
+                wait = options.lookupd_poll_interval * random.uniform(1 - j, 1 + j)
+                with anyio.move_on_after(wait):
+                    await self.requery.wait()
+
+    async def _query_lookupds(self) -> None:
+        """Ask every lookupd at once; connect to new nsqd, drop those no lookupd lists.
+
+        Whatever goes wrong, the nsqd we have stay connected and the next poll tries again.
+        """
+        topic = self.state.options.topic
+        try:
+            await self._apply_lookup()
+        except LookupFailed as exc:  # every lookupd down: keep what we have
+            log.debug("lookup of %s failed: %s", topic, exc)
+        except Exception as exc:  # a bad answer must not stop consuming
+            self.lookup_failures += 1
+            level = logging.WARNING if self.lookup_failures == 1 else logging.DEBUG
+            log.log(level, "lookup of %s failed: %r", topic, exc, exc_info=exc)
+        else:
+            if self.lookup_failures:
+                log.info("lookup of %s works again", topic)
+            self.lookup_failures = 0
+
+    async def _apply_lookup(self) -> None:
+        assert self.lookup is not None
+        options = self.state.options
+        layout = await self.lookup.lookup(options.topic, "r")
+        if layout.meta is not None and layout.meta.partition_num:
+            if options.ordered is None:
+                self.ordered = layout.meta.ordered
+            if options.ext is None:
+                self.ext = layout.meta.extend_support
+        found: set[Target]
+        if layout.partitions:
+            wanted = options.start_plan.partitions
+            found = set()
+            for p, node in layout.partitions.items():
+                if wanted is None or p in wanted:
+                    found.add((node.tcp_address, p))
+                    self.nodes[(node.tcp_address, p)] = node
+        else:
+            found = {(node.tcp_address, None) for node in layout.producers}
+        if not found and not options.direct:
+            topic_missing(log, options.topic, options.channel, options.lookupd_poll_interval)
+        for target in found:
+            self.want(target)
+        for target in list(self.wanted):
+            if target not in found and target[0] not in options.direct:
+                log.info(
+                    "nsqd %s no longer listed for %s; disconnecting",
+                    target_name(target),
+                    options.topic,
+                )
+                self.unwant(target)
+
+
+def target_name(target: Target) -> str:
+    address, partition = target
+    return address if partition is None else f"{address} partition {partition}"
+
+
+def _explain(exc: ServerError) -> str:
+    if isinstance(exc, SubOrderRequired):
+        return f"{exc}: the topic is ordered; use ordered=True (or leave ordered=None)"
+    if isinstance(exc, SubExtendNeeded):
+        return f"{exc}: the topic carries ext headers; use ext=True (or leave ext=None)"
+    if isinstance(exc, TagNotSupported):
+        return str(exc)
+    return f"{exc}: the topic has no ext headers; use ext=False (or leave ext=None)"

@@ -1,0 +1,201 @@
+"""Workers: the tasks that run an ``async def`` handler, ``concurrency`` at a time, on the
+messages intake queues (or, for an ordered partition, hands over right in the read)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections import deque
+from collections.abc import Coroutine, Generator
+from types import CoroutineType
+from typing import Any
+
+import anyio
+
+from smartnsq.consumer.answers import Answers, lost
+from smartnsq.consumer.state import State
+from smartnsq.consumer.subscription import Subscription
+from smartnsq.errors import ConnectionClosed
+from smartnsq.idle import IdleWorkers
+from smartnsq.message import Message
+
+# A handling begun in the read callback that has to wait: the message, and the handler's
+# coroutine with what it yielded (or None with the awaitable a plain function returned).
+Job = tuple[Message, Coroutine[Any, Any, Any] | None, Any]
+
+
+class Workers:
+    __slots__ = ("answers", "idle", "pulled", "queue", "scope", "slots", "state")
+
+    def __init__(self, state: State, answers: Answers) -> None:
+        self.state = state
+        self.answers = answers
+        self.queue: deque[Message] = deque()  # for the workers, or for pulling
+        self.idle = IdleWorkers()  # workers (or a puller) waiting for the queue
+        # What each worker is handling right now (None when idle): for stop and auto-touch.
+        self.slots: list[Message | None] = []
+        self.scope: anyio.CancelScope | None = None
+        self.pulled: Message | None = None  # the last message pulled with ``async for``
+
+    async def pull(self) -> Message:
+        """The next message for ``async for``; the one pulled before is finished (unless
+        answered by hand or its auto response disabled)."""
+        prev = self.pulled
+        if prev is not None and prev._auto and not prev._responded:
+            self.answers.fin(prev)
+        self.pulled = None
+        while not self.queue:
+            if self.state.stopping:
+                raise StopAsyncIteration
+            await self.idle.wait()
+        msg = self.pulled = self.queue.popleft()
+        return msg
+
+    def running(self) -> list[Message]:
+        return [m for m in self.slots if m is not None]
+
+    def cancel(self) -> None:
+        """Cancel the workers (their messages are then the drain's to requeue)."""
+        if self.scope is not None:
+            self.scope.cancel()
+
+    def release(self) -> None:
+        """Forget what the workers held and wake whoever waits (stopping)."""
+        self.slots = [None] * len(self.slots)
+        self.idle.wake_all()
+
+    async def run(self) -> None:
+        count = self.state.options.workers
+        self.slots = [None] * count
+        with anyio.CancelScope() as scope:
+            self.scope = scope
+            async with anyio.create_task_group() as tg:
+                for slot in range(count):
+                    tg.start_soon(self._worker, slot)
+
+    async def _worker(self, slot: int) -> None:
+        # The async-handler hot path: no task, future or event per message. The handler's
+        # coroutine is stepped here, in this worker's own task (exactly what ``await`` does);
+        # a handler that finishes without suspending costs no trip through the event loop, and
+        # one that suspends first lets an idle sibling take over the queue.
+        state = self.state
+        answers = self.answers
+        backoff = answers.pacing.backoff
+        queue = self.queue
+        popleft = queue.popleft
+        idle = self.idle
+        slots = self.slots
+        handler = state.options.handler
+        assert handler is not None
+        while not state.stopping:
+            if not queue:
+                job = await idle.wait()
+                if job is not None:
+                    await self._take_over(slot, job)
+                continue
+            msg = popleft()
+            slots[slot] = msg
+            try:
+                coro = handler(msg)
+                if type(coro) is CoroutineType:
+                    try:
+                        step = coro.send(None)
+                    except StopIteration as stop:
+                        value = stop.value
+                    else:
+                        if queue and idle:
+                            idle.wake_one()
+                        value = await _Resume(coro, step)
+                else:
+                    value = coro
+                while value is not None and inspect.isawaitable(value):
+                    value = await value  # returned, rather than awaited, by the handler
+            except Exception as exc:
+                answers.handler_failed(msg, exc)
+            else:
+                if value is False:
+                    if msg._auto and not msg._responded:
+                        answers.req(msg, None, True)
+                elif msg._auto and not msg._responded:
+                    # Answers.fin inlined: this runs once per message
+                    msg._responded = True
+                    sub: Subscription = msg._reader  # type: ignore[assignment]
+                    sub.in_flight -= 1
+                    try:
+                        sub.write(b"FIN %s\n" % msg.id)
+                    except ConnectionClosed:
+                        lost(msg, "finish")
+                    else:
+                        answers.finished += 1
+                    if backoff.level:
+                        answers.pacing.result(success=True)
+            slots[slot] = None
+
+    def handle_now(self, msg: Message) -> Job | None:
+        """A worker's handling of ``msg``, run as that worker by ``IdleWorkers.run_as_worker``
+        in the read callback; a handler that has to wait is returned, for the worker."""
+        try:
+            coro = self.state.options.handler(msg)  # type: ignore[misc]  # set where this runs
+            if type(coro) is CoroutineType:
+                try:
+                    step = coro.send(None)
+                except StopIteration as stop:
+                    value = stop.value
+                else:
+                    return msg, coro, step
+            else:
+                value = coro
+            if value is not None and inspect.isawaitable(value):
+                return msg, None, value
+        except Exception as exc:
+            self.answers.handler_failed(msg, exc)
+        except anyio.get_cancelled_exc_class():
+            # Raised to the worker, as if it had run the handler (not into the event loop).
+            cancelled = asyncio.get_running_loop().create_future()
+            cancelled.cancel()
+            return msg, None, cancelled
+        else:
+            self.answers.answer(msg, value)
+        return None
+
+    async def _take_over(self, slot: int, job: Job) -> None:
+        """Finish a handling that ``handle_now`` began and that had to wait."""
+        msg, coro, value = job
+        self.slots[slot] = msg
+        try:
+            value = await (value if coro is None else _Resume(coro, value))
+            while value is not None and inspect.isawaitable(value):
+                value = await value
+        except Exception as exc:
+            self.answers.handler_failed(msg, exc)
+        else:
+            self.answers.answer(msg, value)
+        self.slots[slot] = None
+
+
+class _Resume:
+    """Awaitable that continues a coroutine whose first step already ran (and yielded
+    ``step``): it hands each yielded value to the running task and forwards what the task
+    sends or throws back, as ``await coro`` would have."""
+
+    __slots__ = ("coro", "step")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], step: Any) -> None:
+        self.coro = coro
+        self.step = step
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, value = self.coro, self.step
+        while True:
+            try:
+                sent = yield value
+            except BaseException as exc:  # cancellation, GeneratorExit on close()
+                try:
+                    value = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
