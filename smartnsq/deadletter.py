@@ -64,7 +64,10 @@ def facts(
     msg: Message, topic: str, channel: str, error: BaseException | None, now_ms: int
 ) -> dict[str, str]:
     """What the dead-letter copy says of the original (all strings, as ext headers go)."""
-    values = (topic, channel, str(msg.attempts), error_text(error), str(now_ms), id_text(msg))
+    # The id as nsqd shows it: Youzan's internal id in decimal (its trace id travels as the
+    # copy's own), classic nsqd's 16 hex characters.
+    mid = str(msg.internal_id) if msg.partition is not None else id_text(msg)
+    values = (topic, channel, str(msg.attempts), error_text(error), str(now_ms), mid)
     return dict(zip(FACTS, values, strict=True))
 
 

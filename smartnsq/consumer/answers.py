@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from smartnsq._checks import check_requeue_delay
+from smartnsq.consumer.deadletters import DeadLetterTopic
 from smartnsq.consumer.pacing import Pacing
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
@@ -34,7 +35,16 @@ CALL = 2  # inbox item (CALL, function, args): an answer made on another thread
 class Answers:
     """The consumer's :class:`~smartnsq.message.Answerer` and its answer counters."""
 
-    __slots__ = ("awaiting", "discarded", "finished", "inbox", "pacing", "requeued", "state")
+    __slots__ = (
+        "awaiting",
+        "dead",
+        "discarded",
+        "finished",
+        "inbox",
+        "pacing",
+        "requeued",
+        "state",
+    )
 
     def __init__(self, state: State, pacing: Pacing) -> None:
         self.state = state
@@ -44,6 +54,8 @@ class Answers:
         self.inbox: Inbox | None = None
         # Messages whose handler returned an awaitable that is being awaited.
         self.awaiting: set[Message] = set()
+        # Where given-up messages go first (dead_letter_topic), if anywhere.
+        self.dead: DeadLetterTopic | None = None
 
     # -- from any thread (smartnsq.message.Answerer) ----------------------------------------------
 
@@ -222,11 +234,17 @@ class Answers:
             exc_info=exc,
         )
         handler_failed(log, f"message {id_text(msg)}, attempt {msg.attempts}", exc)
+        if self.dead is not None:
+            self.dead.errors.failed(msg, exc)
         if msg._auto and not msg._responded:
             self.req(msg, None, True)
 
     def give_up(self, msg: Message) -> None:
-        """Past ``max_attempts``: ``on_giving_up`` (or a warning), then FIN."""
+        """Past ``max_attempts``: to the dead-letter topic first, if there is one; else
+        ``on_giving_up`` (or a warning), then FIN."""
+        if self.dead is not None:
+            self.dead.give_up(msg, self)
+            return
         self.discarded += 1
         options = self.state.options
         if options.on_giving_up is None:

@@ -13,6 +13,7 @@ import anyio.abc
 from smartnsq._checks import FORKS, check_number, get_ident, owner, wrong_owner
 from smartnsq.connection import ConnectionConfig
 from smartnsq.consumer.answers import Answers
+from smartnsq.consumer.deadletters import DeadLetterTopic
 from smartnsq.consumer.drain import Drain
 from smartnsq.consumer.intake import Intake
 from smartnsq.consumer.nodes import Nodes
@@ -132,6 +133,7 @@ class Consumer:
         desired_tag: str | None = None,
         output_buffer_timeout: float | None = None,
         output_buffer_size: int | None = None,
+        dead_letter_topic: str | None = None,
     ) -> None:
         """Configure a consumer; nothing connects until it is started.
 
@@ -291,6 +293,16 @@ class Consumer:
             output_buffer_size: How many bytes nsqd may buffer for this consumer before
                 writing, sent in IDENTIFY. ``None`` (default): nsqd's (16 KiB); ``0``: no
                 buffering (nsqd then also ignores ``output_buffer_timeout``); else 64 to 65536.
+            dead_letter_topic: Where a message given up on (past ``max_attempts``) goes: it is
+                published there, on the same cluster and with the same connection settings,
+                and finished only once nsqd acknowledged the copy (if that publish fails, it
+                is requeued with backoff instead: nothing is lost). The body is unchanged; on
+                a Youzan ext topic the copy keeps the original's headers and trace id and adds
+                ``smartnsq.dead.topic``, ``.channel``, ``.attempts``, ``.error``,
+                ``.failed_at`` (Unix ms) and ``.message_id``; elsewhere those facts are logged
+                at WARNING. ``on_giving_up`` is called once the copy is acknowledged. Replay
+                it with ``smartnsq to-nsq``. ``None`` (default): messages given up on are
+                finished.
 
         Raises:
             InvalidArgument: A value is out of range, a name breaks NSQ's rules, or neither
@@ -305,6 +317,8 @@ class Consumer:
         self._state = state = State(options)
         self._pacing = pacing = Pacing(state)
         self._answers = answers = Answers(state, pacing)
+        if options.dead_letter_topic is not None:
+            answers.dead = DeadLetterTopic(state, options.dead_letter_topic)
         self._threads = threads = Threads(state, answers)
         self._workers = workers = Workers(state, answers)
         self._intake = intake = Intake(state, answers, workers, threads)
@@ -396,6 +410,8 @@ class Consumer:
         self._threads.start()
         self._nodes.start()
         self._state.spawn(self._pacing.run)
+        if self._answers.dead is not None:
+            self._state.spawn(self._answers.dead.run)
         if self._options.auto_touch:
             self._state.spawn(self._drain.touch_loop)
         if self._options.async_handler:

@@ -90,6 +90,7 @@ class Options:
     desired_tag: str | None = None
     output_buffer_timeout: float | None = None
     output_buffer_size: int | None = None
+    dead_letter_topic: str | None = None
 
     def __post_init__(self) -> None:
         self.topic = validate_topic(self.topic)
@@ -107,6 +108,13 @@ class Options:
             raise InvalidArgument(
                 "Consumer needs nsqd_tcp_addresses or lookupd_http_addresses (or both)"
             )
+        if self.dead_letter_topic is not None:
+            self.dead_letter_topic = validate_topic(self.dead_letter_topic)
+            if self.dead_letter_topic == self.topic:
+                raise InvalidArgument(
+                    "dead_letter_topic must differ from the topic consumed: messages given up "
+                    "on would come straight back"
+                )
         check_number("max_in_flight", self.max_in_flight, integer=True, min=0)
         check_number("max_attempts", self.max_attempts, integer=True, min=0)
         check_number("requeue_delay", self.requeue_delay, min=0)

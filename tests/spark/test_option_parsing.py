@@ -73,3 +73,23 @@ def test_the_path_names_the_topic() -> None:
     assert parse(options, reading=False, client=Producer).topic == "events"
     with pytest.raises(InvalidArgument, match="give one"):
         parse({**options, "topic": "other"}, reading=False, client=Producer)
+
+
+def test_reader_options_for_dead_letters_and_output_buffering() -> None:
+    settings = parse(
+        {
+            "nsqd": "127.0.0.1:4150",
+            "topic": "t",
+            "channel": "c",
+            "nsq.dead_letter_topic": "t.dead",
+            "nsq.output_buffer_timeout": "0.025",
+            "nsq.output_buffer_size": "1024",
+        },
+        reading=True,
+        client=Consumer,
+    )
+    assert dict(settings.client) == {
+        "dead_letter_topic": "t.dead",
+        "output_buffer_timeout": 0.025,
+        "output_buffer_size": 1024,
+    }
