@@ -311,11 +311,13 @@ def parse_runner_arguments(ap: argparse.ArgumentParser, argv: list[str] | None) 
 
 
 @contextmanager
-def benchmark_nsqd(data: dict[str, Any], out: Path) -> Iterator[Nsqd]:
+def benchmark_nsqd(
+    data: dict[str, Any], out: Path, extra_args: list[str] | None = None
+) -> Iterator[Nsqd]:
     """The runner's nsqd (in a temporary directory), noted in the results."""
     with (
         tempfile.TemporaryDirectory(prefix="bench-nsqd-") as workdir,
-        nsqd_server(Path(workdir)) as nsqd,
+        nsqd_server(Path(workdir), extra_args) as nsqd,
     ):
         data["nsqd_version"] = nsqd.version()
         log(f"{data['nsqd_version']} on {nsqd.tcp}; results -> {rel(out)}")
@@ -323,7 +325,7 @@ def benchmark_nsqd(data: dict[str, Any], out: Path) -> Iterator[Nsqd]:
 
 
 @contextmanager
-def nsqd_server(workdir: Path) -> Iterator[Nsqd]:
+def nsqd_server(workdir: Path, extra_args: list[str] | None = None) -> Iterator[Nsqd]:
     """One classic nsqd (no nsqlookupd) on 127.0.0.1 for the whole invocation,
     started through ``compat.cluster`` from ``compat.servers`` binaries."""
     if str(ROOT) not in sys.path:
@@ -332,7 +334,9 @@ def nsqd_server(workdir: Path) -> Iterator[Nsqd]:
     from compat.servers import ensure_binaries
 
     bins = dict(ensure_binaries("classic"))
-    cluster = Cluster.start(kind="classic", dir=workdir, nsqd=1, lookupd=0, nsqd_args=NSQD_ARGS)
+    cluster = Cluster.start(
+        kind="classic", dir=workdir, nsqd=1, lookupd=0, nsqd_args=[*NSQD_ARGS, *(extra_args or [])]
+    )
     try:
         d = cluster.nsqd[0]
         yield Nsqd(tcp=d.tcp, http=d.http, bins=bins, pid=d.pid)

@@ -1,0 +1,81 @@
+"""pynsq 0.9.x latency driver (see ``_lat.py``): ``nsq.Writer`` paced from tornado's
+``call_later``, one PUB/MPUB in flight; ``nsq.Reader`` with ``output_buffer_timeout`` (ms)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _lat
+import nsq
+import tornado.ioloop
+
+logging.basicConfig(level=logging.WARNING)
+
+
+def sub(a: Any) -> None:
+    rec = _lat.Recorder(a.out)
+
+    def handler(message: Any) -> bool:
+        rec.record(message.body)
+        return True
+
+    opts = {"output_buffer_timeout": a.obt_ms} if a.obt_ms else {}
+    nsq.Reader(
+        topic=a.topic,
+        channel=a.channel,
+        message_handler=handler,
+        nsqd_tcp_addresses=[a.addr],
+        max_in_flight=a.mif,
+        **opts,
+    )
+    rec.ready()
+    tornado.ioloop.IOLoop.current().start()
+
+
+def pub(a: Any) -> None:
+    loop = tornado.ioloop.IOLoop.current()
+    writer = nsq.Writer([a.addr])
+    st: dict[str, Any] = {"pacer": None, "err": None}
+
+    def tick() -> None:
+        due = st["pacer"].step()
+        if due is None:
+            st["pacer"].result(st["err"])
+            loop.stop()
+        elif isinstance(due, float):
+            loop.call_later(due, tick)
+        elif len(due) == 1:
+            writer.pub(a.topic, due[0], on_resp)
+        else:
+            writer.mpub(a.topic, due, on_resp)
+
+    def on_resp(conn: object, data: object) -> None:
+        if isinstance(data, nsq.Error):
+            st["err"] = st["err"] or str(data)
+        tick()
+
+    def on_warmup(conn: object, data: object) -> None:
+        st["pacer"] = _lat.Pacer(a)
+        tick()
+
+    def wait_ready() -> None:
+        if not writer.conns:
+            loop.call_later(0.005, wait_ready)
+            return
+        writer.pub(a.topic, b"W" * 100, on_warmup)
+
+    loop.add_callback(wait_ready)
+    loop.start()
+
+
+def main() -> None:
+    a = _lat.parse_args()
+    (pub if a.role == "pub" else sub)(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""smartnsq latency driver (see ``_lat.py``). ``--variant``: ``uvloop`` (uvloop's event
+loop) or ``blocking`` (``smartnsq.sync.Producer`` and ``smartnsq.sync.Consumer``, iterated:
+"handler entry" is the moment the iterator hands the message over)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _lat
+
+from smartnsq import Consumer, Message, Producer
+from smartnsq.sync import Consumer as BlockingConsumer
+from smartnsq.sync import Producer as BlockingProducer
+
+
+def buffer_options(a: argparse.Namespace) -> dict[str, float]:
+    return {"output_buffer_timeout": a.obt_ms / 1000} if a.obt_ms else {}
+
+
+async def pub(a: argparse.Namespace) -> None:
+    async with Producer(nsqd_tcp_addresses=[a.addr]) as p:
+        await p.publish(a.topic, b"W" * 100)  # connected and ready
+        pacer = _lat.Pacer(a)
+        while (due := pacer.step()) is not None:
+            if isinstance(due, float):
+                await asyncio.sleep(due)
+            elif len(due) == 1:
+                await p.publish(a.topic, due[0])
+            else:
+                await p.publish_many(a.topic, due)
+        pacer.result()
+
+
+async def sub(a: argparse.Namespace) -> None:
+    rec = _lat.Recorder(a.out)
+
+    async def handler(message: Message) -> None:
+        rec.record(message.body)
+
+    async with Consumer(
+        a.topic,
+        a.channel,
+        handler,
+        nsqd_tcp_addresses=[a.addr],
+        max_in_flight=a.mif,
+        **buffer_options(a),  # type: ignore[arg-type]
+    ):
+        rec.ready()
+        await asyncio.Event().wait()
+
+
+def pub_blocking(a: argparse.Namespace) -> None:
+    with BlockingProducer(nsqd_tcp_addresses=[a.addr]) as p:
+        p.publish(a.topic, b"W" * 100)
+        pacer = _lat.Pacer(a)
+        while (due := pacer.step()) is not None:
+            if isinstance(due, float):
+                time.sleep(due)
+            elif len(due) == 1:
+                p.publish(a.topic, due[0])
+            else:
+                p.publish_many(a.topic, due)
+        pacer.result()
+
+
+def sub_blocking(a: argparse.Namespace) -> None:
+    rec = _lat.Recorder(a.out)
+    with BlockingConsumer(
+        a.topic, a.channel, nsqd_tcp_addresses=[a.addr], max_in_flight=a.mif, **buffer_options(a)
+    ) as c:
+        rec.ready()
+        for message in c:
+            rec.record(message.body)
+    threading.Event().wait()
+
+
+def main() -> None:
+    a = _lat.parse_args()
+    variants = a.variant.split(",")
+    if "blocking" in variants:
+        (pub_blocking if a.role == "pub" else sub_blocking)(a)
+        return
+    coro = pub(a) if a.role == "pub" else sub(a)
+    if "uvloop" in variants:
+        import uvloop
+
+        uvloop.run(coro)
+    else:
+        asyncio.run(coro)
+
+
+if __name__ == "__main__":
+    main()

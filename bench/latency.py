@@ -1,0 +1,265 @@
+"""Latency benchmark: publish call to handler entry, smartnsq vs go-nsq v1.1.0 vs pynsq.
+
+One classic nsqd (started with ``--min-output-buffer-timeout=1ms`` so that the low-latency
+setting is allowed). For each offered rate (open loop: a paced publisher that never waits for
+the consumer) and each buffer setting (``default``: nsqd's 250 ms output buffer timeout;
+``low``: output_buffer_timeout 1 ms), every client runs a consumer process and then a
+publisher process of its own library on a fresh topic; the consumer records, on handler
+entry, CLOCK_MONOTONIC minus the stamp the publisher put in the 100-byte body right before
+its publish call. Runs are interleaved: round r rotates the client order by r-1 inside every
+(rate, setting) block.
+
+    python -m bench.latency [--rounds 3] [--rates 1000,10000,50000] [--seconds 20]
+                            [--warmup 2] [--clients ...] [--settings default,low]
+                            [--quick] [--md/--no-md]
+
+Raw results: bench/results/latency-<time>.json; a full run rewrites "## Latency" in
+BENCHMARKS.md (``python -m bench.summarize FILE`` regenerates it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+import uuid
+from array import array
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import common as c
+from bench.gobuild import ensure_nsqgo
+
+LOW_MS = 1
+NSQD_EXTRA = ["--min-output-buffer-timeout=1ms"]
+SETTINGS = {"default": 0, "low": LOW_MS}
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    label: str
+    client: str  # bench.common client whose venv runs the driver; "" for Go
+    driver: str
+    variant: str = ""
+
+
+ROWS = {
+    r.name: r
+    for r in [
+        Row("smartnsq", "smartnsq (asyncio)", "smartnsq", "lat_smartnsq.py"),
+        Row("smartnsq-uvloop", "smartnsq (uvloop)", "smartnsq", "lat_smartnsq.py", "uvloop"),
+        Row(
+            "smartnsq-sync", "smartnsq.sync (blocking)", "smartnsq", "lat_smartnsq.py", "blocking"
+        ),
+        Row("go-nsq", "go-nsq v1.1.0, GOMAXPROCS=1", "", ""),
+        Row("pynsq", "pynsq 0.9.1 (tornado)", "pynsq", "lat_pynsq.py"),
+    ]
+}
+PERCENTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99), ("p99.9", 0.999), ("max", 1.0))
+
+
+def percentiles(lat: array[int]) -> dict[str, float]:
+    """Nearest-rank percentiles in milliseconds."""
+    s = sorted(lat)
+    if not s:
+        return {}
+    return {k: s[min(len(s) - 1, max(0, int(q * len(s) + 0.5) - 1))] / 1e6 for k, q in PERCENTILES}
+
+
+def commands(
+    row: Row, role: str, nsqgo: Path, args: dict[str, Any]
+) -> tuple[list[str], dict[str, str]]:
+    if not row.client:
+        env = dict(os.environ, GOMAXPROCS="1")
+        cmd = [str(nsqgo), role, "-addr", args["addr"], "-topic", args["topic"]]
+        if role == "pub":
+            cmd += ["-rate", str(args["rate"]), "-warmup", str(args["warmup"])]
+            cmd += ["-seconds", str(args["seconds"])]
+        else:
+            cmd += ["-channel", args["channel"], "-mif", str(args["mif"]), "-out", args["out"]]
+            if args["obt_ms"]:
+                cmd += ["-output-buffer-timeout", f"{args['obt_ms']}ms"]
+        return cmd, env
+    base, env = c.client_command(c.CLIENTS[row.client])
+    cmd = [base[0], str(c.DRIVERS / row.driver), role, "--addr", args["addr"]]
+    cmd += ["--topic", args["topic"], "--variant", row.variant]
+    if role == "pub":
+        cmd += ["--rate", str(args["rate"]), "--warmup", str(args["warmup"])]
+        cmd += ["--seconds", str(args["seconds"])]
+    else:
+        cmd += ["--channel", args["channel"], "--mif", str(args["mif"]), "--out", args["out"]]
+        cmd += ["--obt-ms", str(args["obt_ms"])]
+    return cmd, env
+
+
+def wait_for(pred: Any, timeout: float, step: float = 0.05) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return False
+
+
+def run_one(
+    nsqd: c.Nsqd, nsqgo: Path, row: Row, rate: int, setting: str, a: argparse.Namespace
+) -> dict[str, Any]:
+    topic = f"lat_{row.name.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
+    channel = "lat"
+    rec: dict[str, Any] = {"client": row.name, "rate": rate, "setting": setting, "ok": False}
+    nsqd.create_topic(topic)
+    nsqd.create_channel(topic, channel)
+    with tempfile.NamedTemporaryFile(prefix="lat-", suffix=".bin") as out:
+        args = {
+            "addr": nsqd.tcp,
+            "topic": topic,
+            "channel": channel,
+            "rate": rate,
+            "warmup": a.warmup,
+            "seconds": a.seconds,
+            "mif": a.mif,
+            "obt_ms": SETTINGS[setting],
+            "out": out.name,
+        }
+        scmd, senv = commands(row, "sub", nsqgo, args)
+        pcmd, penv = commands(row, "pub", nsqgo, args)
+        rec["cmd"] = {"sub": shlex.join(scmd), "pub": shlex.join(pcmd)}
+        sub = c.MeasuredProcess(scmd, env=senv)
+        try:
+            line = sub.readline(30)
+            while line is not None and not line.startswith("READY"):
+                line = sub.readline(30)
+            if line is None:
+                raise RuntimeError("consumer never printed READY")
+
+            def subscribed() -> bool:
+                ch = nsqd.channel_stats(topic, channel, clients=True)
+                return bool(ch and ch.get("clients"))
+
+            if not wait_for(subscribed, 20):
+                raise RuntimeError("consumer never subscribed")
+            snap0 = c.cpu_snapshot(nsqd.pid)
+            pr = c.run_measured(pcmd, env=penv, timeout=a.warmup + a.seconds + 120)
+            res = c.parse_result_line(pr.stdout)
+            if res is None or res.get("error"):
+                why = res.get("error") if res else f"exit {pr.returncode}"
+                raise RuntimeError(f"publisher: {why}: {pr.stderr[-800:]}")
+
+            def drained() -> bool:
+                ch = nsqd.channel_stats(topic, channel)
+                return bool(ch) and ch["depth"] == 0 and ch["in_flight_count"] == 0
+
+            rec["drained"] = wait_for(drained, 60, 0.1)
+            snap1 = c.cpu_snapshot(nsqd.pid)
+            total = res["n"] + res["warmup"]
+            rec.update(
+                n=res["n"],
+                pub_cpu_us=res["cpu"] / max(1, res["n"]) * 1e6,
+                pub_lag_max_ms=res["lag_max_ms"],
+                pub_batches=res.get("batches"),
+                pub_elapsed=res["elapsed"],
+                pub_rss_kb=pr.max_rss_kb,
+            )
+            rec.update(c.cpu_delta(snap0, snap1, pr.cpu_s))
+            rec["nsqd_cpu_us"] = rec.get("nsqd_cpu_s", 0.0) / max(1, total) * 1e6
+        except Exception as e:
+            rec["error"] = str(e)
+        finally:
+            if sub.proc.stdin is not None:
+                with suppress(OSError):
+                    sub.proc.stdin.close()
+            spr = sub.finish(timeout=30)
+        sres = c.parse_result_line(spr.stdout)
+        rec["sub_rss_kb"] = spr.max_rss_kb
+        if sres is not None and "error" not in rec:
+            lat: array[int] = array("q")
+            data = Path(out.name).read_bytes()
+            lat.frombytes(data[: len(data) // 8 * 8])
+            rec["received"] = len(lat)
+            rec["sub_cpu_us"] = sres["cpu"] / max(1, len(lat)) * 1e6
+            rec.update(percentiles(lat))
+            rec["ok"] = len(lat) == rec.get("n")
+            if not rec["ok"]:
+                rec["error"] = f"received {len(lat)} of {rec.get('n')} timed messages"
+        elif "error" not in rec:
+            rec["error"] = f"consumer: exit {spr.returncode}: {spr.stderr[-800:]}"
+        if spr.stderr.strip() and not rec["ok"]:
+            rec["sub_stderr_tail"] = spr.stderr[-800:]
+    nsqd.delete_topic(topic)
+    return rec
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.latency", description=__doc__)
+    c.runner_arguments(ap, 3, "1 round, 3 s per rate after 1 s of warm-up")
+    ap.add_argument("--rates", default="1000,10000,50000")
+    ap.add_argument("--seconds", type=float, default=None, help="timed seconds per run (20)")
+    ap.add_argument("--warmup", type=float, default=None, help="warm-up seconds per run (2)")
+    ap.add_argument("--clients", default=",".join(ROWS))
+    ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--mif", type=int, default=2500, help="max_in_flight of every consumer")
+    a = c.parse_runner_arguments(ap, argv)
+    a.seconds = a.seconds if a.seconds is not None else (3.0 if a.quick else 20.0)
+    a.warmup = a.warmup if a.warmup is not None else (1.0 if a.quick else 2.0)
+    rates = [int(float(x)) for x in a.rates.split(",")]
+    rows = [ROWS[x] for x in a.clients.split(",")]
+    settings = a.settings.split(",")
+    for r in rows:
+        if r.client:
+            c.ensure_venv(c.CLIENTS[r.client])
+    nsqgo = ensure_nsqgo()
+    params = {
+        "rates": rates,
+        "seconds": a.seconds,
+        "warmup": a.warmup,
+        "settings": {s: SETTINGS[s] for s in settings},
+        "mif": a.mif,
+        "clients": [r.name for r in rows],
+        "labels": {r.name: r.label for r in rows},
+        "nsqd_args": [*c.NSQD_ARGS, *NSQD_EXTRA],
+        "source_digest": c.source_digest(),
+    }
+    _, out, data = c.new_results(
+        "latency", list(argv if argv is not None else sys.argv[1:]), a.quick, a.rounds, params
+    )
+    data["runs"] = []
+    with c.benchmark_nsqd(data, out, NSQD_EXTRA) as nsqd:
+        for rnd in range(1, a.rounds + 1):
+            for rate in rates:
+                for setting in settings:
+                    k = (rnd - 1) % len(rows)
+                    for row in rows[k:] + rows[:k]:
+                        rec = run_one(nsqd, nsqgo, row, rate, setting, a)
+                        rec["round"] = rnd
+                        data["runs"].append(rec)
+                        out.write_text(json.dumps(data, indent=1) + "\n")
+                        c.log(
+                            f"r{rnd} {rate:>6} {setting:<7} {row.name:<16} "
+                            + (
+                                f"p50 {rec['p50']:.2f} p99 {rec['p99']:.2f} "
+                                f"p99.9 {rec['p99.9']:.2f} max {rec['max']:.2f} ms  "
+                                f"cpu pub/sub/nsqd {rec['pub_cpu_us']:.1f}/"
+                                f"{rec['sub_cpu_us']:.1f}/{rec['nsqd_cpu_us']:.1f} us  "
+                                f"lag {rec['pub_lag_max_ms']:.1f} ms  "
+                                f"other {rec.get('other_cpu_frac', -1):.2f}"
+                                if rec["ok"]
+                                else f"FAILED: {rec.get('error')}"
+                            )
+                        )
+    if a.md if a.md is not None else not a.quick:
+        from bench.summarize_latency import latency_section
+
+        c.replace_md_section(c.BENCHMARKS_MD, "Latency", latency_section(data))
+        c.log(f"rewrote '## Latency' in {c.rel(c.BENCHMARKS_MD)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
