@@ -7,6 +7,7 @@
 //	sub   consumer that records publish-to-handler latency of every timed message
 //	tpub  publish_many (MPUB batches) for a fixed time, with optional TLS/Snappy/DEFLATE
 //	tsub  consume n pre-filled messages, with optional TLS/Snappy/DEFLATE
+//	scale one process, many consumers (lookupd discovery) and one producer per nsqd
 //
 // Every command prints one line "RESULT {json}" on stdout (sub prints "READY" first).
 package main
@@ -21,6 +22,7 @@ import (
 	"io"
 	"log"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -297,10 +299,109 @@ func tsub(args []string) {
 	os.Exit(0)
 }
 
+// ---------------------------------------------------------------- scale
+// The shape of scale_smartnsq.py: STARTING, SUBSCRIBED, then stdin commands load/count/stop.
+// go-nsq's Producer is one connection, so "one producer" is one per nsqd, used round-robin.
+func scale(args []string) {
+	fs := flag.NewFlagSet("scale", flag.ExitOnError)
+	lookupd := fs.String("lookupd", "127.0.0.1:4161", "nsqlookupd HTTP address")
+	nsqds := fs.String("nsqd", "127.0.0.1:4150", "nsqd TCP addresses, comma-separated")
+	topics := fs.Int("topics", 100, "topics (one consumer each)")
+	rate := fs.Float64("rate", 100, "messages per second per topic")
+	fs.Parse(args)
+	addrs := strings.Split(*nsqds, ",")
+	var handled, published int64
+	emit("STARTING", map[string]interface{}{"t": float64(mono()) / 1e9})
+	names := make([]string, *topics)
+	consumers := make([]*nsq.Consumer, *topics)
+	for i := range names {
+		names[i] = fmt.Sprintf("scale_%04d", i)
+		cfg := nsq.NewConfig()
+		cfg.MaxInFlight = 200
+		cons, err := nsq.NewConsumer(names[i], "c", cfg)
+		if err != nil {
+			log.Fatal(err)
+		}
+		cons.SetLogger(stderrLog, nsq.LogLevelWarning)
+		cons.AddHandler(nsq.HandlerFunc(func(m *nsq.Message) error {
+			atomic.AddInt64(&handled, 1)
+			return nil
+		}))
+		if err := cons.ConnectToNSQLookupd(*lookupd); err != nil {
+			log.Fatal(err)
+		}
+		consumers[i] = cons
+	}
+	for {
+		conns := 0
+		for _, c := range consumers {
+			conns += c.Stats().Connections
+		}
+		if conns >= len(consumers)*len(addrs) {
+			emit("SUBSCRIBED", map[string]interface{}{"t": float64(mono()) / 1e9, "connections": conns})
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	producers := make([]*nsq.Producer, len(addrs))
+	for i, addr := range addrs {
+		p, err := nsq.NewProducer(addr, nsq.NewConfig())
+		if err != nil {
+			log.Fatal(err)
+		}
+		p.SetLogger(stderrLog, nsq.LogLevelWarning)
+		producers[i] = p
+	}
+	n := int(*rate / 10)
+	if n < 1 {
+		n = 1
+	}
+	batch := make([][]byte, n)
+	for k := range batch {
+		batch[k] = body(0, true)
+	}
+	started := false
+	load := func() {
+		// every 0.1 s one MPUB per topic, all topics concurrently (PublishAsync), round-robin
+		done := make(chan *nsq.ProducerTransaction, len(names))
+		next := 0
+		for tick := time.Now(); ; tick = tick.Add(100 * time.Millisecond) {
+			for _, t := range names {
+				producers[next%len(producers)].MultiPublishAsync(t, batch, done)
+				next++
+			}
+			for range names {
+				if tr := <-done; tr.Error != nil {
+					log.Fatal(tr.Error)
+				}
+			}
+			atomic.AddInt64(&published, int64(n*len(names)))
+			time.Sleep(time.Until(tick.Add(100 * time.Millisecond)))
+		}
+	}
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		switch strings.TrimSpace(in.Text()) {
+		case "load":
+			if !started {
+				started = true
+				go load()
+			}
+		case "count":
+			emit("COUNT", map[string]interface{}{
+				"published": atomic.LoadInt64(&published), "handled": atomic.LoadInt64(&handled),
+			})
+		case "stop":
+			os.Exit(0)
+		}
+	}
+	os.Exit(0)
+}
+
 func main() {
 	initMono()
 	if len(os.Args) < 2 {
-		log.Fatal("usage: nsqgo pub|sub|tpub|tsub [flags]")
+		log.Fatal("usage: nsqgo pub|sub|tpub|tsub|scale [flags]")
 	}
 	switch os.Args[1] {
 	case "pub":
@@ -311,6 +412,8 @@ func main() {
 		tpub(os.Args[2:])
 	case "tsub":
 		tsub(os.Args[2:])
+	case "scale":
+		scale(os.Args[2:])
 	default:
 		log.Fatalf("unknown command %q", os.Args[1])
 	}
