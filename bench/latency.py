@@ -55,10 +55,9 @@ ROWS = {
     for r in [
         Row("smartnsq", "smartnsq (asyncio)", "smartnsq", "lat_smartnsq.py"),
         Row("smartnsq-uvloop", "smartnsq (uvloop)", "smartnsq", "lat_smartnsq.py", "uvloop"),
-        Row(
-            "smartnsq-sync", "smartnsq.sync (blocking)", "smartnsq", "lat_smartnsq.py", "blocking"
-        ),
+        Row("smartnsq-sync", "smartnsq.sync (blocking)", "smartnsq", "lat_smartnsq.py", "blocking"),
         Row("go-nsq", "go-nsq v1.1.0, GOMAXPROCS=1", "", ""),
+        Row("go-nsq-2", "go-nsq v1.1.0, GOMAXPROCS=2", "", "", "2"),
         Row("pynsq", "pynsq 0.9.1 (tornado)", "pynsq", "lat_pynsq.py"),
     ]
 }
@@ -77,7 +76,7 @@ def commands(
     row: Row, role: str, nsqgo: Path, args: dict[str, Any]
 ) -> tuple[list[str], dict[str, str]]:
     if not row.client:
-        env = dict(os.environ, GOMAXPROCS="1")
+        env = dict(os.environ, GOMAXPROCS=row.variant or "1")
         cmd = [str(nsqgo), role, "-addr", args["addr"], "-topic", args["topic"]]
         if role == "pub":
             cmd += ["-rate", str(args["rate"]), "-warmup", str(args["warmup"])]
@@ -154,7 +153,7 @@ def run_one(
 
             def drained() -> bool:
                 ch = nsqd.channel_stats(topic, channel)
-                return bool(ch) and ch["depth"] == 0 and ch["in_flight_count"] == 0
+                return ch is not None and ch["depth"] == 0 and ch["in_flight_count"] == 0
 
             rec["drained"] = wait_for(drained, 60, 0.1)
             snap1 = c.cpu_snapshot(nsqd.pid)
@@ -254,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                             )
                         )
     if a.md if a.md is not None else not a.quick:
-        from bench.summarize_latency import latency_section
+        from bench.summarize_more import latency_section
 
         c.replace_md_section(c.BENCHMARKS_MD, "Latency", latency_section(data))
         c.log(f"rewrote '## Latency' in {c.rel(c.BENCHMARKS_MD)}")

@@ -20,10 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -70,17 +72,26 @@ class Driver:
             start_new_session=True,
         )
         self.pid = self.proc.pid
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
 
     def expect(self, kind: str, timeout: float) -> dict[str, Any]:
-        assert self.proc.stdout is not None
         end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, end - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"no {kind} line from the driver in {timeout:g} s") from None
+            if line is None:
+                raise RuntimeError(f"the driver exited before its {kind} line")
             if line.startswith(kind + " "):
                 return dict(json.loads(line[len(kind) + 1 :]))
-        raise RuntimeError(f"no {kind} line from the driver")
 
     def send(self, cmd: str) -> None:
         assert self.proc.stdin is not None
@@ -125,7 +136,7 @@ def run_one(
     drv = Driver(cmd, env)
     try:
         t0 = drv.expect("STARTING", 60)["t"]
-        sub = drv.expect("SUBSCRIBED", 120)
+        sub = drv.expect("SUBSCRIBED", a.start_timeout)
         rec["startup_s"] = sub["t"] - t0
         rec["connections"] = sub["connections"]
         time.sleep(a.settle)
@@ -174,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", type=float, default=None, help="idle window, seconds (30)")
     ap.add_argument("--load", type=float, default=None, help="load window, seconds (10)")
     ap.add_argument("--settle", type=float, default=2.0)
+    ap.add_argument(
+        "--start-timeout", type=float, default=180.0, help="seconds allowed to subscribe all"
+    )
     ap.add_argument("--clients", default="smartnsq,smartnsq-uvloop,smartnsq-c1,go-nsq")
     a = c.parse_runner_arguments(ap, argv)
     a.idle = a.idle if a.idle is not None else (5.0 if a.quick else 30.0)
@@ -217,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             cluster.stop()
     if a.md if a.md is not None else not a.quick:
-        from bench.summarize_scale import scale_section
+        from bench.summarize_more import scale_section
 
         c.replace_md_section(c.BENCHMARKS_MD, "Scale", scale_section(data))
         c.log(f"rewrote '## Scale' in {c.rel(c.BENCHMARKS_MD)}")

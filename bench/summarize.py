@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import common as c
+from bench import summarize_more
 
 GO = "bench_writer"
 TARGET_RSS_MB = 40.0
@@ -463,7 +464,13 @@ def latest(prefix: str) -> Path | None:
     return None
 
 
-SECTIONS = {"publish": ("Publish", publish_section), "consume": ("Consume", consume_section)}
+SECTIONS = {
+    "publish": ("Publish", publish_section),
+    "consume": ("Consume", consume_section),
+    "latency": ("Latency", summarize_more.latency_section),
+    "scale": ("Scale", summarize_more.scale_section),
+    "tls_compress": ("TLS and compression", summarize_more.tls_section),
+}
 
 
 def main(argv: list[str] | None = None) -> int:

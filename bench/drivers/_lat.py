@@ -62,7 +62,7 @@ class Pacer:
     def __init__(self, a: argparse.Namespace) -> None:
         self.n_warm = int(a.warmup * a.rate)
         self.total = self.n_warm + int(a.seconds * a.rate)
-        self.period = 1e9 / a.rate
+        self.period: float = 1e9 / a.rate
         self.i = 0
         self.batches = 0
         self.lag_max = 0

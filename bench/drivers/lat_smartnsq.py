@@ -72,7 +72,11 @@ def pub_blocking(a: argparse.Namespace) -> None:
 def sub_blocking(a: argparse.Namespace) -> None:
     rec = _lat.Recorder(a.out)
     with BlockingConsumer(
-        a.topic, a.channel, nsqd_tcp_addresses=[a.addr], max_in_flight=a.mif, **buffer_options(a)
+        a.topic,
+        a.channel,
+        nsqd_tcp_addresses=[a.addr],
+        max_in_flight=a.mif,
+        **buffer_options(a),  # type: ignore[arg-type]
     ) as c:
         rec.ready()
         for message in c:
