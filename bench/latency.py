@@ -155,7 +155,9 @@ def run_one(
                 ch = nsqd.channel_stats(topic, channel)
                 return ch is not None and ch["depth"] == 0 and ch["in_flight_count"] == 0
 
-            rec["drained"] = wait_for(drained, 60, 0.1)
+            # A consumer that cannot keep up gets a bounded time to catch up; what it has not
+            # received by then makes the run "overloaded" (its percentiles are lower bounds).
+            rec["drained"] = wait_for(drained, max(10.0, a.seconds), 0.1)
             snap1 = c.cpu_snapshot(nsqd.pid)
             total = res["n"] + res["warmup"]
             rec.update(
@@ -184,9 +186,8 @@ def run_one(
             rec["received"] = len(lat)
             rec["sub_cpu_us"] = sres["cpu"] / max(1, len(lat)) * 1e6
             rec.update(percentiles(lat))
-            rec["ok"] = len(lat) == rec.get("n")
-            if not rec["ok"]:
-                rec["error"] = f"received {len(lat)} of {rec.get('n')} timed messages"
+            rec["ok"] = bool(lat)
+            rec["overloaded"] = len(lat) < rec.get("n", 0)
         elif "error" not in rec:
             rec["error"] = f"consumer: exit {spr.returncode}: {spr.stderr[-800:]}"
         if spr.stderr.strip() and not rec["ok"]:
@@ -248,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
                                 f"{rec['sub_cpu_us']:.1f}/{rec['nsqd_cpu_us']:.1f} us  "
                                 f"lag {rec['pub_lag_max_ms']:.1f} ms  "
                                 f"other {rec.get('other_cpu_frac', -1):.2f}"
+                                + (
+                                    f"  OVERLOADED ({rec['received']}/{rec['n']})"
+                                    if rec.get("overloaded")
+                                    else ""
+                                )
                                 if rec["ok"]
                                 else f"FAILED: {rec.get('error')}"
                             )

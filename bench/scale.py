@@ -1,7 +1,8 @@
 """Scale benchmark: one process with many Consumers and one Producer.
 
-A classic cluster of one nsqlookupd and two nsqd (``compat.cluster``); --topics topics are
-created on both nsqd first, so that lookupd discovery gives every Consumer two connections.
+A classic cluster of one nsqlookupd and two nsqd (``compat.cluster``); every run creates its
+own --topics topics on both nsqd first (so lookupd discovery gives every Consumer two
+connections, and no run starts with an earlier run's backlog) and deletes them after.
 The driver (``drivers/scale_smartnsq.py``, or the go-nsq program's ``scale``) creates one
 Consumer per topic (max_in_flight 200, lookupd discovery) and, once all are subscribed, one
 Producer. Measured from outside through /proc: start-up time (first consumer created to every
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -121,14 +123,21 @@ def run_one(
 ) -> dict[str, Any]:
     nsqd = [d.tcp for d in cluster.nsqd]
     lookupd = cluster.lookupd[0].http
+    prefix = f"s{uuid.uuid4().hex[:8]}"  # fresh topics: no backlog from an earlier run
+    topic_names = [f"{prefix}_{i:04d}" for i in range(topics)]
+    nodes = [c.Nsqd(tcp=d.tcp, http=d.http, bins={}) for d in cluster.nsqd]
+    for n in nodes:
+        for t in topic_names:
+            n.create_topic(t)
     if client == "go-nsq":
         env = dict(os.environ, GOMAXPROCS="1")
         cmd = [str(nsqgo), "scale", "-lookupd", lookupd, "-nsqd", ",".join(nsqd)]
-        cmd += ["-topics", str(topics), "-rate", str(a.rate)]
+        cmd += ["-topics", str(topics), "-rate", str(a.rate), "-prefix", prefix]
     else:
         env = dict(os.environ, PYTHONPATH=str(c.ROOT))
         cmd = [sys.executable, str(c.DRIVERS / "scale_smartnsq.py"), "--lookupd", lookupd]
         cmd += ["--nsqd", ",".join(nsqd), "--topics", str(topics), "--rate", str(a.rate)]
+        cmd += ["--prefix", prefix]
         cmd += ["--variant", "uvloop" if client == "smartnsq-uvloop" else ""]
         if client == "smartnsq-c1":
             cmd += ["--concurrency", "1"]
@@ -140,9 +149,11 @@ def run_one(
         rec["startup_s"] = sub["t"] - t0
         rec["connections"] = sub["connections"]
         time.sleep(a.settle)
-        cpu0, w0 = proc_cpu(drv.pid), time.monotonic()
+        cpu0, w0, snap0 = proc_cpu(drv.pid), time.monotonic(), c.cpu_snapshot(None)
         time.sleep(a.idle)
-        cpu1, w1 = proc_cpu(drv.pid), time.monotonic()
+        cpu1, w1, snap1 = proc_cpu(drv.pid), time.monotonic(), c.cpu_snapshot(None)
+        # the share of the machine busy with anything else (nsqd included) while idle
+        rec["other_cpu_frac"] = c.cpu_delta(snap0, snap1, cpu1 - cpu0).get("other_cpu_frac")
         rec["idle_cpu_share"] = (cpu1 - cpu0) / (w1 - w0)
         rec["idle_rss_kb"] = proc_rss_kb(drv.pid)
         rec["idle_fds"] = proc_fds(drv.pid)
@@ -167,14 +178,10 @@ def run_one(
     err = drv.stop()
     if not rec["ok"]:
         rec["stderr_tail"] = err
+    for n in nodes:
+        for t in topic_names:
+            n.delete_topic(t)
     return rec
-
-
-def create_topics(cluster: Any, topics: int) -> None:
-    for d in cluster.nsqd:
-        n = c.Nsqd(tcp=d.tcp, http=d.http, bins={})
-        for i in range(topics):
-            n.create_topic(f"scale_{i:04d}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,7 +224,6 @@ def main(argv: list[str] | None = None) -> int:
         cluster = Cluster.start(kind="classic", dir=Path(tmp), nsqd=2, lookupd=1)
         try:
             data["nsqd_version"] = c.NSQD_VERSION
-            create_topics(cluster, max(sizes))
             c.log(f"cluster up; results -> {c.rel(out)}")
             for rnd in range(1, a.rounds + 1):
                 for topics in sizes:

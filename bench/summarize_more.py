@@ -93,6 +93,13 @@ def latency_section(data: dict[str, Any]) -> str:
                     out.append(f"| {rate:,} | {name} | failed: {err} | | | | | | |")
                     continue
                 cells = [_ms(_med([r[k] for r in ok])) for k in keys]
+                over = [r for r in ok if r.get("overloaded")]
+                if over:
+                    share = _med([r["received"] / max(1, r["n"]) for r in over])
+                    name += (
+                        f" (overloaded in {len(over)} of {len(ok)} rounds: "
+                        f"{share:.0%} delivered in time; lower bounds)"
+                    )
                 per = " / ".join(
                     _ms(r["p99"]) if r.get("ok") else "x"
                     for r in sorted(rs, key=lambda r: r["round"])
@@ -169,6 +176,10 @@ def latency_section(data: dict[str, Any]) -> str:
         "as 1 ms), go-nsq `Config.OutputBufferTimeout = time.Millisecond`, pynsq "
         "`Reader(output_buffer_timeout=1)`. Default: none of them sets it (go-nsq sends "
         "its own default, 250 ms, which is nsqd's).",
+        "- Overloaded: a consumer that has not received every timed message within "
+        "max(10 s, the run's length) after the publisher finished is stopped; its "
+        "percentiles cover what it received and are lower bounds (latency of a consumer "
+        "slower than the offered rate grows without limit).",
         "- CPU: publisher and consumer CPU from the processes themselves over the timed "
         "part; nsqd's from `/proc` over the whole publisher run, divided by all messages.",
         "- Raw per-run JSON (commands, percentiles, CPU, publisher lag) in "

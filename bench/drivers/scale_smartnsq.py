@@ -32,7 +32,7 @@ def emit(kind: str, data: dict[str, object]) -> None:
 
 async def main(a: argparse.Namespace) -> None:
     nsqd = a.nsqd.split(",")
-    topics = [f"scale_{i:04d}" for i in range(a.topics)]
+    topics = [f"{a.prefix}_{i:04d}" for i in range(a.topics)]
     handled = 0
     published = 0
 
@@ -93,6 +93,7 @@ if __name__ == "__main__":
     ap.add_argument("--lookupd", required=True)
     ap.add_argument("--nsqd", required=True)
     ap.add_argument("--topics", type=int, default=100)
+    ap.add_argument("--prefix", default="scale", help="topics are PREFIX_0000, PREFIX_0001, ...")
     ap.add_argument("--rate", type=float, default=100.0)
     ap.add_argument("--variant", default="")
     ap.add_argument("--concurrency", type=int, default=None, help="None: the default")

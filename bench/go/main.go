@@ -307,6 +307,7 @@ func scale(args []string) {
 	lookupd := fs.String("lookupd", "127.0.0.1:4161", "nsqlookupd HTTP address")
 	nsqds := fs.String("nsqd", "127.0.0.1:4150", "nsqd TCP addresses, comma-separated")
 	topics := fs.Int("topics", 100, "topics (one consumer each)")
+	prefix := fs.String("prefix", "scale", "topics are PREFIX_0000, PREFIX_0001, ...")
 	rate := fs.Float64("rate", 100, "messages per second per topic")
 	fs.Parse(args)
 	addrs := strings.Split(*nsqds, ",")
@@ -315,7 +316,7 @@ func scale(args []string) {
 	names := make([]string, *topics)
 	consumers := make([]*nsq.Consumer, *topics)
 	for i := range names {
-		names[i] = fmt.Sprintf("scale_%04d", i)
+		names[i] = fmt.Sprintf("%s_%04d", *prefix, i)
 		cfg := nsq.NewConfig()
 		cfg.MaxInFlight = 200
 		cons, err := nsq.NewConsumer(names[i], "c", cfg)
