@@ -288,11 +288,14 @@ class Consumer:
             output_buffer_timeout: How long nsqd may hold messages for this consumer before
                 writing them out, in seconds, sent in IDENTIFY. ``None`` (default): nsqd's
                 (250 ms); ``0``: no buffering, each write goes out at once (more system calls
-                on both sides); else 0.025 to 30 (nsqd's default limits). A low value gets
-                messages to a consumer at a low rate sooner.
+                on both sides); else at least 0.001. nsqd allows 0.025 to 30 by default
+                (its ``--min/--max-output-buffer-timeout``) and refuses others at IDENTIFY
+                (logged, and kept in ``last_error``). A low value gets messages to a
+                consumer at a low rate sooner.
             output_buffer_size: How many bytes nsqd may buffer for this consumer before
                 writing, sent in IDENTIFY. ``None`` (default): nsqd's (16 KiB); ``0``: no
-                buffering (nsqd then also ignores ``output_buffer_timeout``); else 64 to 65536.
+                buffering (nsqd then also ignores ``output_buffer_timeout``); else at least 64
+                (nsqd's ``--max-output-buffer-size``, 64 KiB by default, bounds it).
             dead_letter_topic: Where a message given up on (past ``max_attempts``) goes: it is
                 published there, on the same cluster and with the same connection settings,
                 and finished only once nsqd acknowledged the copy (if that publish fails, it
@@ -352,7 +355,8 @@ class Consumer:
 
     @property
     def last_error(self) -> ServerError | None:
-        """The last error an nsqd refused the subscription with, or None."""
+        """The last error an nsqd refused the connection or subscription with (say an
+        IDENTIFY setting outside its limits), or None."""
         return self._nodes.last_error
 
     @property

@@ -129,6 +129,8 @@ class Nodes:
                     log.log(level, "nsqd %s refuses the subscription: %s", name, _explain(exc))
                 except Exception as exc:  # one bad node must not stop the rest
                     failures = self.failures[target] = self.failures.get(target, 0) + 1
+                    if isinstance(exc, ServerError):  # a refusal (say IDENTIFY's E_BAD_BODY)
+                        self.last_error = exc
                     level = logging.WARNING if failures == 1 else logging.DEBUG
                     expected = isinstance(exc, NSQError | OSError)
                     log.log(

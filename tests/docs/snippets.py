@@ -33,9 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = ("README.md", "docs/**/*.md")
-MARKERS = frozenset(
-    {"fragment", "forever", "pytest", "youzan", "youzan-ext", "spark", "requeues"}
-)
+MARKERS = frozenset({"fragment", "forever", "pytest", "youzan", "youzan-ext", "spark", "requeues"})
 STANDARD = {"4150": "nsqd_tcp", "4151": "nsqd_http", "4160": "lookupd_tcp", "4161": "lookupd_http"}
 
 _FENCE = re.compile(r"^(\s*)```python\s*$")
