@@ -160,11 +160,11 @@ _INF = float("inf")
 def rank(node: Node[Any, Any] | None, now: float, stall_after: float) -> tuple[int, float]:
     """Sort key of a node for the next request, lower first (ties: the caller's turn order).
 
-    First the nodes that work, by requests awaiting an answer (a node that got slower gets
-    fewer; one that stopped answering stops getting new ones after its first); ``None``, a
-    node not connected yet, counts as idle. Then the stalled: an oldest request unanswered
-    for more than ``stall_after`` seconds; nsqd answers a publish at once, so it has most
-    likely stopped answering. It is not marked down: when it answers, it ranks as before.
+    First the nodes that work, by requests awaiting an answer: a node that got slower gets
+    fewer, and one that stopped answering gets new ones only while the others are as busy;
+    ``None``, a node not connected yet, counts as idle. Then the stalled: an oldest request
+    unanswered for more than ``stall_after`` seconds; nsqd answers a publish at once, so it
+    has most likely stopped answering. It is not marked down: when it answers, it ranks as before.
     Last, the nodes that are down, the one recovering soonest first.
     """
     if node is None:

@@ -44,8 +44,8 @@ from smartnsq.protocol.handshake import (
 # A producer only reads answers (a few bytes each). A large read size costs a fresh,
 # page-faulted buffer per read: measured, it doubled a sequential publish's round trip.
 _READ_SIZE = 16 * 1024
-_IDLE_CHECK = 1.0
-_INF = float("inf")  # an idle connection is polled for heartbeats (or its end) before use
+_IDLE_CHECK = 1.0  # an idle connection is polled for heartbeats (or its end) before use
+_INF = float("inf")
 
 
 class _Waiter:
