@@ -70,13 +70,14 @@ _INF = float("inf")
 class _EventWaiter:
     """Waits for one answer on any anyio backend."""
 
-    __slots__ = ("deadline", "error", "event", "publish", "result")
+    __slots__ = ("deadline", "error", "event", "publish", "result", "sent")
 
-    def __init__(self, publish: bool, deadline: float) -> None:
+    def __init__(self, publish: bool, sent: float, deadline: float) -> None:
         self.event = anyio.Event()
         self.result = b""
         self.error: BaseException | None = None
         self.publish = publish
+        self.sent = sent
         self.deadline = deadline
 
     def set(self, result: bytes, error: BaseException | None) -> None:
@@ -105,11 +106,12 @@ class _EventWaiter:
 class _FutureWaiter:
     """Waits for one answer on asyncio (uvloop included), with an eager future."""
 
-    __slots__ = ("deadline", "future", "publish")
+    __slots__ = ("deadline", "future", "publish", "sent")
 
-    def __init__(self, future: EagerFuture, publish: bool, deadline: float) -> None:
+    def __init__(self, future: EagerFuture, publish: bool, sent: float, deadline: float) -> None:
         self.future = future
         self.publish = publish
+        self.sent = sent
         self.deadline = deadline
 
     def set(self, result: bytes, error: BaseException | None) -> None:
@@ -555,12 +557,13 @@ class Connection:
             link.write(data)  # coalesced with the other requests of this loop pass
         # Sent (or queued): what follows overlaps with nsqd's work. No answer can be
         # handled before this task yields, so the waiter is queued in time.
-        deadline = _INF if timeout is None else self._clock() + timeout
+        now = self._clock()  # read once: the deadline, and the age waiting_since reports
+        deadline = _INF if timeout is None else now + timeout
         waiter: _Waiter
         if self._loop is not None:
-            waiter = _FutureWaiter(EagerFuture(loop=self._loop), publish, deadline)
+            waiter = _FutureWaiter(EagerFuture(loop=self._loop), publish, now, deadline)
         else:
-            waiter = _EventWaiter(publish, deadline)
+            waiter = _EventWaiter(publish, now, deadline)
         self._waiters.append(waiter)
         if self._watchdog_wake is not None and deadline != _INF:
             self._watchdog_wake.set()  # it sleeps without a deadline to watch: now one
@@ -594,6 +597,13 @@ class Connection:
     def pending(self) -> int:
         """Requests sent and not answered yet."""
         return len(self._waiters)
+
+    @property
+    def waiting_since(self) -> float:
+        """When (this connection's clock: the event loop's) the oldest request still
+        awaiting an answer was sent; infinity when none is."""
+        waiters = self._waiters
+        return waiters[0].sent if waiters else _INF
 
     # -- closing ---------------------------------------------------------------------------------
 

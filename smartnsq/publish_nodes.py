@@ -2,14 +2,15 @@
 
 :class:`NodeHealth` is one nsqd's health (avoided for a growing while after a failure, then
 tried by one request at a time) and counters; :class:`Node` adds its connections, of the
-front door's kind, and which of them the next request takes.
+front door's kind, and which of them the next request takes; :func:`rank` orders nodes for
+the next request (the healthy ones by load, then stalled ones, then those down).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 log = logging.getLogger("smartnsq.producer")
 
@@ -84,6 +85,9 @@ class Conn(Protocol):
     def pending(self) -> int: ...  # requests awaiting an answer
 
     @property
+    def waiting_since(self) -> float: ...  # when the oldest of them was sent; inf: none
+
+    @property
     def usable(self) -> bool: ...
 
     @property
@@ -112,6 +116,10 @@ class Node(NodeHealth, Generic[C, L]):
     def load(self) -> tuple[int, int]:
         conns = self.connections
         return len(conns), sum(c.pending for c in conns)
+
+    def idle(self) -> bool:
+        """No request awaits an answer (the usual case of a sequential publisher)."""
+        return not any(conn.pending for conn in self.connections)
 
     def add(self, conn: C) -> None:
         """A new connection; closed ones are dropped on the way (the blocking producer
@@ -144,3 +152,30 @@ class Node(NodeHealth, Generic[C, L]):
 
 def _pending(conn: Conn) -> int:
     return conn.pending
+
+
+_INF = float("inf")
+
+
+def rank(node: Node[Any, Any] | None, now: float, stall_after: float) -> tuple[int, float]:
+    """Sort key of a node for the next request, lower first (ties: the caller's turn order).
+
+    First the nodes that work, by requests awaiting an answer: a node that got slower gets
+    fewer, and one that stopped answering gets new ones only while the others are as busy;
+    ``None``, a node not connected yet, counts as idle. Then the stalled: an oldest request
+    unanswered for more than ``stall_after`` seconds; nsqd answers a publish at once, so it
+    has most likely stopped answering. It is not marked down: when it answers, it ranks as before.
+    Last, the nodes that are down, the one recovering soonest first.
+    """
+    if node is None:
+        return 0, 0.0
+    if node.failures and now < node.down_until:
+        return 2, node.down_until - now
+    pending = 0
+    oldest = _INF
+    for conn in node.connections:
+        pending += conn.pending
+        since = conn.waiting_since
+        if since < oldest:
+            oldest = since
+    return (1 if now - oldest > stall_after else 0), pending

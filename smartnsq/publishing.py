@@ -51,7 +51,7 @@ from smartnsq.protocol.compress import DEFAULT_MIN_SIZE, check_codec
 from smartnsq.protocol.handshake import ConnectionConfig, Features, parse_address
 from smartnsq.protocol.message import PublishResult
 from smartnsq.protocol.names import validate_topic
-from smartnsq.publish_nodes import Conn, Node, NodeHealth
+from smartnsq.publish_nodes import Conn, Node, NodeHealth, rank
 from smartnsq.publish_plan import (
     Batches,
     Build,
@@ -83,6 +83,9 @@ log = logging.getLogger("smartnsq.producer")
 
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024  # nsqd --max-msg-size default
 DEFAULT_MAX_BODY_SIZE = 5 * 1024 * 1024  # nsqd --max-body-size default
+# nsqd answers a publish at once; one unanswered this long (or a tenth of the timeout) means
+# the node has most likely stopped answering.
+_STALL_MAX = 0.5
 
 
 def timeout_error(limit: float) -> NSQTimeout:
@@ -155,8 +158,12 @@ class ProducerCore(PublishPlanner, Generic[N]):
         [`smartnsq.sync.Producer`][smartnsq.sync.Producer], take these settings.
 
         Args:
-            nsqd_tcp_addresses: nsqd TCP addresses (``host:port``) to publish to; publishes take
-                turns over the healthy ones. May be passed positionally.
+            nsqd_tcp_addresses: nsqd TCP addresses (``host:port``) to publish to; publishes go
+                to the healthy one with the fewest requests awaiting an answer, taking turns
+                among equals. One whose oldest request has waited longer than a tenth of
+                ``timeout`` (at most 0.5 s; nsqd answers at once) is stalled: passed over while
+                another nsqd works, not marked down, used again once it answers. May be passed
+                positionally.
             lookupd_http_addresses: nsqlookupd HTTP addresses (``host:port`` or an ``http(s)://``
                 URL). With them, each topic's nsqd (on Youzan, its partitions and their leaders)
                 come from the lookupds; the topic must exist. At least one of
@@ -294,6 +301,8 @@ class ProducerCore(PublishPlanner, Generic[N]):
         self._next = 0
         self._per_node = connections_per_nsqd
         self.timeout = timeout
+        # A node whose oldest request waited this long is passed over while another works.
+        self._stall_after = min(_STALL_MAX, timeout / 10)
         self.max_retries = max_retries
         self.retry_backoff = retry_backoff
         self.max_message_size = max_message_size
@@ -397,27 +406,32 @@ class ProducerCore(PublishPlanner, Generic[N]):
         return addresses[i], parts[i]
 
     def _take_turns(self, topic: str, addresses: list[str]) -> int:
-        """The index of the next of ``addresses`` in turn, passing over nsqd that are down
-        (unless all are: then the next one anyway)."""
+        """The index of the next of ``addresses`` in turn; when that nsqd is busy or down,
+        the best by :func:`rank` (the turn order breaks ties), claiming a recovering one
+        (when all are down: the next one anyway)."""
         i = self._rr.get(topic, 0)
         self._rr[topic] = i + 1
         n = len(addresses)
         first = i % n
-        node = self._by_address.get(addresses[first])
-        if node is None or not node.failures:
+        nodes = self._by_address
+        node = nodes.get(addresses[first])
+        if node is None or (not node.failures and node.idle()):  # no clock, no sorting
             return first
         now = self._now()
-        for k in range(n):
-            j = (i + k) % n
-            node = self._by_address.get(addresses[j])
+        stall = self._stall_after
+        order = [(i + k) % n for k in range(n)]
+        order.sort(key=lambda j: rank(nodes.get(addresses[j]), now, stall))
+        for j in order:
+            node = nodes.get(addresses[j])
             if node is None or node.claim(now):
                 return j
         return first
 
     def _direct_candidates(self) -> Iterator[N]:
-        """The configured nsqd to try, in turn: healthy ones first, then those recovering
-        soonest; one that is down is passed over unless it is the last resort. Lazy: a
-        recovering node is claimed only when its turn comes."""
+        """The configured nsqd to try, in turn: those that work by :func:`rank` (the least
+        busy first), then stalled ones, then those down, recovering soonest first; one that
+        is down is passed over unless it is the last resort. Lazy: a recovering node is
+        claimed only when its turn comes."""
         nodes = self._direct
         if not nodes:
             raise NoNsqdAvailable("no nsqd_tcp_addresses configured")
@@ -426,7 +440,8 @@ class ProducerCore(PublishPlanner, Generic[N]):
         start = self._next
         self._next = (start + 1) % n
         order = [nodes[(start + i) % n] for i in range(n)]
-        order.sort(key=lambda node: max(0.0, node.down_until - now))
+        stall = self._stall_after
+        order.sort(key=lambda node: rank(node, now, stall))
         for node in order:
             if not node.failures or node.claim(now) or node is order[-1]:
                 yield node

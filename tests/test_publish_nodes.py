@@ -1,11 +1,14 @@
-"""What both producers share about their nsqd, without a server: which connection the next
-request takes, what a lost or timed-out connection does to its node, and the bookkeeping of
-a publish_many's batches."""
+"""What both producers share about their nsqd, without a server: which nsqd and which
+connection the next request takes (a stalled nsqd passed over), what a lost or timed-out
+connection does to its node, and the bookkeeping of a publish_many's batches."""
 
 from __future__ import annotations
 
 import inspect
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import pytest
@@ -13,7 +16,7 @@ import pytest
 from smartnsq import Producer
 from smartnsq import sync as blocking
 from smartnsq.errors import ConnectionClosed, PartialPublish
-from smartnsq.publish_nodes import Node
+from smartnsq.publish_nodes import Node, rank
 from smartnsq.publishing import Batches, BatchRun, Request
 
 
@@ -23,6 +26,7 @@ class FakeConn:
     usable: bool = True
     retiring: bool = False
     close_reason: BaseException | None = None
+    waiting_since: float = math.inf  # when the oldest pending request was sent
 
 
 def node_with(*conns: FakeConn) -> Node[FakeConn, None]:
@@ -107,3 +111,105 @@ def test_both_producers_have_the_same_methods_with_the_same_parameters(method: s
         return [(p.name, p.kind, p.default) for p in sig.parameters.values()]
 
     assert params(Producer) == params(blocking.Producer)
+
+
+# -- which nsqd the next request goes to ------------------------------------------------------
+
+
+def test_rank_orders_working_nodes_by_load_then_stalled_then_down() -> None:
+    now, stall = 100.0, 0.2
+    assert rank(None, now, stall) == (0, 0)  # not connected yet: idle
+    assert rank(node_with(FakeConn()), now, stall) == (0, 0)
+    busy = node_with(FakeConn(pending=3, waiting_since=now - 0.01), FakeConn(pending=2))
+    assert rank(busy, now, stall) == (0, 5)
+    stalled = node_with(FakeConn(pending=1, waiting_since=now - 0.21))
+    assert rank(stalled, now, stall) == (1, 1)
+    down = node_with()
+    down.mark_down(now, "test")
+    assert rank(down, now, stall)[0] == 2
+    assert sorted([down, stalled, busy], key=lambda n: rank(n, now, stall)) == [
+        busy,
+        stalled,
+        down,
+    ]
+
+
+def in_loop(make: type, check: Callable[[Any], None]) -> None:
+    """Run ``check(producer)`` where the producer's clock works (the async one reads its
+    event loop's)."""
+
+    async def run() -> None:
+        check(make(["127.0.0.1:4150", "127.0.0.1:4250"], timeout=2.0))
+
+    anyio.run(run)
+
+
+@pytest.mark.parametrize("make", [Producer, blocking.Producer])
+def test_a_stalled_nsqd_is_passed_over_while_another_works_and_used_again_once_it_answers(
+    make: type,
+) -> None:
+    def check(producer: Any) -> None:
+        silent, good = producer._direct
+        stuck = FakeConn(pending=1, waiting_since=producer._now() - 0.25)  # > timeout / 10
+        silent.add(stuck)
+        good.add(FakeConn(pending=4, waiting_since=producer._now()))  # busier, but answering
+        firsts = [next(producer._direct_candidates()) for _ in range(6)]
+        assert firsts == [good] * 6
+        assert not silent.failures  # passed over, not marked down
+        # it is still a candidate, after the one that works (should that fail to connect)
+        assert list(producer._direct_candidates()) == [good, silent]
+        stuck.pending, stuck.waiting_since = 0, math.inf  # it answered
+        good.connections[0].pending = 0
+        firsts = {next(producer._direct_candidates()) for _ in range(4)}
+        assert firsts == {silent, good}  # turns again
+
+    in_loop(make, check)
+
+
+@pytest.mark.parametrize("make", [Producer, blocking.Producer])
+def test_a_request_waiting_less_than_a_tenth_of_the_timeout_is_not_a_stall(make: type) -> None:
+    def check(producer: Any) -> None:
+        slow, idle = producer._direct
+        waiting = FakeConn(pending=1, waiting_since=producer._now() - 0.15)
+        slow.add(waiting)
+        idle.add(FakeConn())
+        # not stalled, only busier: the least busy goes first, the other stays a candidate
+        assert list(producer._direct_candidates()) == [idle, slow]
+        assert rank(slow, producer._now(), 0.2)[0] == 0
+        idle.connections[0].pending = 2
+        idle.connections[0].waiting_since = producer._now()
+        assert next(producer._direct_candidates()) is slow  # now the least busy
+
+    in_loop(make, check)
+
+
+def test_new_requests_do_not_pile_onto_an_nsqd_that_has_not_answered_yet() -> None:
+    """Concurrent publishers: the moment one request waits on a silent nsqd, the next go to
+    the other, before any threshold: otherwise every publisher would wait there."""
+    producer = blocking.Producer(["127.0.0.1:4150", "127.0.0.1:4250"])
+    silent, good = producer._direct
+    silent.add(FakeConn(pending=1, waiting_since=producer._now()))
+    good.add(FakeConn())
+    assert [next(producer._direct_candidates()) for _ in range(4)] == [good] * 4
+
+
+def test_a_stalled_nsqd_is_still_preferred_to_one_that_is_down() -> None:
+    producer = blocking.Producer(["127.0.0.1:4150", "127.0.0.1:4250"], timeout=2.0)
+    stalled, down = producer._direct
+    stalled.add(FakeConn(pending=1, waiting_since=producer._now() - 1.0))
+    down.mark_down(producer._now(), "test")
+    assert list(producer._direct_candidates()) == [stalled, down]
+
+
+def test_lookupd_routed_turns_pass_over_a_stalled_nsqd_too() -> None:
+    producer = blocking.Producer(lookupd_http_addresses=["127.0.0.1:4161"], timeout=2.0)
+    addresses = ["127.0.0.1:4150", "127.0.0.1:4250"]
+    silent, good = (producer._node(a) for a in addresses)
+    good.add(FakeConn())
+    assert [producer._take_turns("t", addresses) for _ in range(4)] == [0, 1, 0, 1]
+    stuck = FakeConn(pending=1, waiting_since=producer._now() - 0.25)
+    silent.add(stuck)
+    assert [producer._take_turns("t", addresses) for _ in range(4)] == [1, 1, 1, 1]
+    assert not silent.failures
+    stuck.pending, stuck.waiting_since = 0, math.inf  # it answered
+    assert [producer._take_turns("t", addresses) for _ in range(4)] == [0, 1, 0, 1]

@@ -45,16 +45,18 @@ from smartnsq.protocol.handshake import (
 # page-faulted buffer per read: measured, it doubled a sequential publish's round trip.
 _READ_SIZE = 16 * 1024
 _IDLE_CHECK = 1.0  # an idle connection is polled for heartbeats (or its end) before use
+_INF = float("inf")
 
 
 class _Waiter:
-    __slots__ = ("done", "error", "publish", "result")
+    __slots__ = ("done", "error", "publish", "result", "sent")
 
-    def __init__(self, publish: bool) -> None:
+    def __init__(self, publish: bool, sent: float) -> None:
         self.done = False
         self.result = b""
         self.error: BaseException | None = None
         self.publish = publish
+        self.sent = sent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,14 +179,24 @@ class SyncConnection:
     def pending(self) -> int:
         return len(self._waiters)
 
+    @property
+    def waiting_since(self) -> float:
+        """When (``time.monotonic()``) the oldest request still awaiting an answer was
+        sent; infinity when none is."""
+        try:
+            return self._waiters[0].sent
+        except IndexError:  # none (or the last one was answered meanwhile, in another thread)
+            return _INF
+
     def request(self, data: bytes, timeout: float, *, publish: bool = True) -> bytes:
         """Send a command that nsqd answers and return the answer's payload.
 
         :class:`NSQTimeout` after ``timeout`` seconds; the request keeps its place (its
         answer, when it comes, is dropped), so later answers still match their requests.
         """
-        deadline = time.monotonic() + timeout
-        waiter = _Waiter(publish)
+        now = time.monotonic()
+        deadline = now + timeout
+        waiter = _Waiter(publish, now)
         with self._send_lock:
             if self.closed:
                 raise self._closed_error()

@@ -62,14 +62,22 @@ class Settings:
         avoided = min(30.0, 2 * (fault + self.publish_timeout) + 0.2)
         return avoided + self.publish_timeout + self.stale_after + SLACK
 
-    def publish_stall_bound(self) -> float:
-        """Longest time all publishing may stall when one nsqd's link goes silent.
+    @property
+    def stall_after(self) -> float:
+        """A node whose oldest publish has waited this long is passed over: the Producer's
+        rule, a tenth of its timeout, at most 0.5 s."""
+        return min(0.5, self.publish_timeout / 10)
 
-        Concurrent publishes take turns over the nsqd, so within milliseconds every
-        publisher waits on the silent connection; they are released when it is given up:
-        silent for ``stale_after``, or a publish timed out (then retried elsewhere or
-        raised as NSQTimeout). A second of slack for scheduling."""
-        return min(self.publish_timeout, self.stale_after) + 1.0
+    def publish_stall_bound(self) -> float:
+        """Longest time in which no publish may be acknowledged while one nsqd is faulty.
+
+        A publisher whose publish went to the faulty nsqd waits until it is given up (a
+        publish timed out, or ``stale_after`` of silence); the others go to the nsqd with the
+        fewest publishes awaiting an answer and, once the faulty one's oldest has waited
+        ``stall_after``, not to it at all: the healthy nsqd keeps acknowledging. Plus 0.8 s
+        for scheduling on a loaded machine; far under ``min(publish_timeout, stale_after)``,
+        for which every publisher used to stall."""
+        return self.stall_after + 0.8
 
     def consumer_bound(self) -> float:
         """Seconds after a heal within which the consumer is subscribed to the node again:
