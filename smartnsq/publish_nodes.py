@@ -119,7 +119,10 @@ class Node(NodeHealth, Generic[C, L]):
 
     def idle(self) -> bool:
         """No request awaits an answer (the usual case of a sequential publisher)."""
-        return not any(conn.pending for conn in self.connections)
+        for conn in self.connections:  # noqa: SIM110 - a third of any()'s cost, per publish
+            if conn.pending:
+                return False
+        return True
 
     def add(self, conn: C) -> None:
         """A new connection; closed ones are dropped on the way (the blocking producer
