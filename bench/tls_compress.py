@@ -7,7 +7,8 @@ batch in flight, for --seconds; ``consume`` = N messages pre-filled over HTTP, c
 max_in_flight 2500 and FINed, timed by the client from consumer creation to the N-th handler
 call. The Go side is the benchmarks' own go-nsq program (``bench/go``: ``tpub``/``tsub``),
 because nsqd's ``bench_writer``/``bench_reader`` speak neither TLS nor compression; it runs
-with GOMAXPROCS=1 (``go-nsq``) and GOMAXPROCS=2 (``go-nsq-2``). Round r rotates the client order by r-1 within every (workload, mode).
+with GOMAXPROCS=1 (``go-nsq``) and GOMAXPROCS=2 (``go-nsq-2``). Round r rotates the client
+order by r-1 within every (workload, mode).
 
     python -m bench.tls_compress [--rounds 3] [--modes plain,tls,snappy,deflate,tls+snappy]
                                  [--seconds 5] [--n 200000] [--clients ...] [--quick]
