@@ -6,6 +6,7 @@ imports it.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -15,9 +16,11 @@ __all__ = ["main"]
 
 
 def _exit_quietly(signum: int, frame: FrameType | None) -> None:
-    # Ctrl-C while the command line is still loading: nothing has been done yet, so leave
-    # at once with Ctrl-C's status, without a KeyboardInterrupt traceback from some import.
-    sys.exit(130)
+    # Ctrl-C before the command watches for it itself (each long-running command opens its
+    # own signal receiver, which stops it gracefully): nothing has been sent yet, so leave at
+    # once with Ctrl-C's status. Not an exception: one raised at an arbitrary point of an
+    # import or of the event loop's start could be caught there and leave the command running.
+    os._exit(130)
 
 
 signal.signal(signal.SIGINT, _exit_quietly)
@@ -36,10 +39,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             sys.exit(1)
         from smartnsq.cli.app import run
 
-        # Loaded: from here on Ctrl-C is a KeyboardInterrupt again, which the commands handle.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         status = run(argv)
     except KeyboardInterrupt:
-        # Ctrl-C while the command is still loading: quietly, like one that is running.
+        # Ctrl-C after a command closed its own signal receiver: quietly, as while it ran.
         status = 130
     sys.exit(status)
