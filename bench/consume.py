@@ -29,6 +29,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bench import common as c
@@ -48,6 +49,7 @@ class Entry:
     client: str  # key of c.CLIENTS, or GO
     variant: str = ""
     label: str = ""
+    source: str = ""  # a checkout to import smartnsq from (--baseline)
 
 
 ENTRIES: dict[str, Entry] = {
@@ -158,6 +160,8 @@ def measures(pr: c.ProcResult) -> dict[str, Any]:
 def run_client(entry: Entry, p: dict[str, Any], nsqd: c.Nsqd, topic: str) -> dict[str, Any]:
     client = c.CLIENTS[entry.client]
     base, env = c.client_command(client)
+    if entry.source:
+        env["PYTHONPATH"] = entry.source
     args = ["consume", "--addr", nsqd.tcp, "--topic", topic, "--channel", CHANNEL]
     args += ["--n", str(p["n"]), "--mif", str(p["mif"])]
     if entry.variant:
@@ -251,6 +255,19 @@ def run_go(p: dict[str, Any], nsqd: c.Nsqd, topic: str) -> dict[str, Any]:
     return rec
 
 
+def baseline_ratios(data: dict[str, Any]) -> str:
+    """Per-round rate and CPU ratios of each smartnsq row to its @base twin."""
+    by = {(r["client"], r["round"]): r for r in data["runs"] if not r.get("error")}
+    lines = ["| row | round | rate now/base | client CPU now/base |", "|---|---|---|---|"]
+    for (name, rnd), now in sorted(by.items()):
+        base = by.get((name + "@base", rnd))
+        if base is None or not now.get("rate") or not base.get("rate"):
+            continue
+        cpu = now["workload_cpu_s"] / base["workload_cpu_s"]
+        lines.append(f"| {name} | {rnd} | {now['rate'] / base['rate']:.2f}x | {cpu:.2f}x |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     c.runner_arguments(ap, 3, "smoke run: 1 round, N = 50,000")
@@ -261,11 +278,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--n", type=int, default=None, help="messages per run (default 500,000)")
     ap.add_argument("--python", default="python3", help="interpreter for the peer venvs")
+    ap.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="also run each smartnsq row with smartnsq imported from this checkout of an"
+        " earlier commit (rows NAME@base, interleaved); prints per-round ratios",
+    )
     a = c.parse_runner_arguments(ap, argv)
     names = [x for x in a.clients.split(",") if x]
     unknown = [x for x in names if x not in ENTRIES]
     if unknown:
         ap.error(f"unknown clients: {unknown}")
+    if a.baseline:
+        src = str(Path(a.baseline).resolve())
+        for name in [x for x in names if ENTRIES[x].client == "smartnsq"]:
+            e = ENTRIES[name]
+            ENTRIES[name + "@base"] = Entry(
+                name + "@base", e.client, e.variant, e.label + " @ baseline", src
+            )
+            names.insert(names.index(name) + 1, name + "@base")
     prm = params(a.quick)
     if a.n:
         prm["n"] = a.n
@@ -308,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     data["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     out.write_text(json.dumps(data, indent=1) + "\n")
     c.log(f"wrote {c.rel(out)}")
+    if a.baseline:
+        print(baseline_ratios(data))
+        return 0
     section = summarize.consume_section(data)
     print(section)
     if a.md if a.md is not None else not a.quick:
