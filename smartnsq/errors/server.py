@@ -5,6 +5,7 @@ and :func:`error_from_frame`, which picks the class for a frame's payload. Impor
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 from smartnsq.errors.common import NSQError
 
@@ -77,6 +78,10 @@ class ServerError(NSQError):
         if self.hint:
             text = f"{text}: {self.hint}"
         super().__init__(text or "unknown server error")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from the code and description: the text already has the hint in it.
+        return type(self), (self.code, self.description), self.__dict__
 
 
 class InvalidCommand(ServerError):

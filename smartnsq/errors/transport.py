@@ -3,6 +3,8 @@ NSQ, a deadline passed, nobody to ask. Import them from ``smartnsq.errors``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from smartnsq.errors.common import NSQError
 
 __all__ = [
@@ -88,6 +90,9 @@ class PartialPublish(NSQError):
     def __init__(self, message: str, published: int) -> None:
         super().__init__(message)
         self.published = published
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (str(self), self.published), self.__dict__
 
 
 class NsqdHttpFailed(NSQError):
