@@ -289,6 +289,12 @@ class Consumer:
         self._options.async_handler = is_async_handler(handler)
 
     @property
+    def started(self) -> bool:
+        """Whether the consumer was started; it stays True once stopped (a Consumer starts
+        only once). Code that wraps the handler (``smartnsq.observe.otel``) checks it."""
+        return self._started
+
+    @property
     def sinks(self) -> Sinks:
         """Where deliveries can go instead of a handler (for front doors built on this
         consumer): see ``smartnsq.consumer.Sinks``."""
