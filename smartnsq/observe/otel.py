@@ -286,7 +286,9 @@ def _process_attributes(msg: Message, topic: str, channel: str) -> dict[str, Any
         "messaging.message.body.size": len(msg.body),
         "messaging.nsq.attempts": msg.attempts,
     }
-    if msg._reader.layout.binary_id:  # Youzan: an internal id and a trace id
+    # Youzan deliveries always have a partition (lookupd's, or their internal id's) and an
+    # internal id and a trace id for an id; classic ones have neither.
+    if msg.partition is not None:
         attributes["messaging.message.id"] = str(msg.internal_id)
         attributes["messaging.destination.partition.id"] = str(msg.partition)
         if msg.trace_id:
@@ -294,8 +296,6 @@ def _process_attributes(msg: Message, topic: str, channel: str) -> dict[str, Any
     else:
         mid = msg.id
         attributes["messaging.message.id"] = mid.decode() if mid.isascii() else mid.hex()
-        if msg.partition is not None:
-            attributes["messaging.destination.partition.id"] = str(msg.partition)
     return attributes
 
 
