@@ -7,145 +7,45 @@ message frames to ``on_messages``.
 
 Writes are coalesced: :meth:`queue` appends to an outgoing buffer and :meth:`flush` sends all
 of it in one write, so many commands queued while a write is in progress go out together.
+
+The parts, one module each: ``smartnsq.dial`` opens the connection (TCP, then the
+handshake), ``smartnsq.frame_pump`` is the read side (frames in, answers and message batches
+out), ``smartnsq.waiters`` the requests waiting for their answers; this module holds the
+connection's state, the write path, the watchdog and closing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
-import ssl
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
 
 from smartnsq import eager
-from smartnsq.busy_poll import LOOP_YIELD_AFTER, BusyPoll, cpu_yield
+from smartnsq.busy_poll import LOOP_YIELD_AFTER, BusyPoll
+from smartnsq.dial import dial, handshake
 from smartnsq.eager import EagerFuture
 from smartnsq.errors import (
-    ConnectFailed,
     ConnectionClosed,
-    NSQError,
     NSQTimeout,
     ProtocolError,
     ServerError,
     closed_error,
-    error_from_frame,
 )
-from smartnsq.protocol import commands
-from smartnsq.protocol.frames import (
-    FRAME_MESSAGE,
-    FRAME_RESPONSE,
-    HEARTBEAT,
-    OK,
-    OK_FRAME,
-    FrameDecoder,
-    Span,
-)
-from smartnsq.protocol.handshake import (
-    ConnectionConfig,
-    Features,
-    Handshake,
-    Send,
-    StartTLS,
-    Step,
-    parse_address,
-)
-from smartnsq.transport import Link, open_link, running_on_asyncio
+from smartnsq.frame_pump import FramePump
+from smartnsq.protocol.frames import Span
+from smartnsq.protocol.handshake import ConnectionConfig, Features, parse_address
+from smartnsq.transport import Link, running_on_asyncio
+from smartnsq.waiters import EventWaiter, FutureWaiter, Waiter, keep_polling
 
 __all__ = ["Connection", "ConnectionConfig", "Features", "parse_address"]
 
-log = logging.getLogger("smartnsq.connection")
-
-# Failures of these commands arrive as error frames with no request waiting for them.
-_ASYNC_ERRORS = (b"E_FIN_FAILED", b"E_REQ_FAILED", b"E_TOUCH_FAILED")
 _TICK = 0.05  # resolution of request deadlines
 _INF = float("inf")
-
-
-class _EventWaiter:
-    """Waits for one answer on any anyio backend."""
-
-    __slots__ = ("deadline", "error", "event", "publish", "result", "sent")
-
-    def __init__(self, publish: bool, sent: float, deadline: float) -> None:
-        self.event = anyio.Event()
-        self.result = b""
-        self.error: BaseException | None = None
-        self.publish = publish
-        self.sent = sent
-        self.deadline = deadline
-
-    def set(self, result: bytes, error: BaseException | None) -> None:
-        if self.event.is_set():  # already expired
-            return
-        self.result = result
-        self.error = error
-        self.event.set()
-
-    resolve = set
-
-    def wake(self) -> None:
-        pass
-
-    def abandon(self) -> None:
-        """Nobody waits any more: the answer, when it comes, is dropped."""
-        self.event.set()
-
-    async def wait(self) -> bytes:
-        await self.event.wait()
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-class _FutureWaiter:
-    """Waits for one answer on asyncio (uvloop included), with an eager future."""
-
-    __slots__ = ("deadline", "future", "publish", "sent")
-
-    def __init__(self, future: EagerFuture, publish: bool, sent: float, deadline: float) -> None:
-        self.future = future
-        self.publish = publish
-        self.sent = sent
-        self.deadline = deadline
-
-    def set(self, result: bytes, error: BaseException | None) -> None:
-        self.future.resolve(result, error)
-        self.future.wake()
-
-    def resolve(self, result: bytes, error: BaseException | None) -> None:
-        self.future.resolve(result, error)
-
-    def wake(self) -> None:
-        self.future.wake()
-
-    def abandon(self) -> None:
-        """Nobody waits any more: the answer, when it comes, is dropped (never raised)."""
-        self.future.cancel()
-
-    def wait(self) -> Awaitable[bytes]:
-        return self.future  # awaited directly: no coroutine frame in between
-
-
-_Waiter = _EventWaiter | _FutureWaiter
-
-
-def _keep_polling(loop: Any, future: asyncio.Future[bytes], until: float, calm: float) -> None:
-    """Until ``future`` is done or the time is up: with a callback always ready, each pass
-    of the loop polls its sockets without sleeping; from ``calm`` on, each pass also gives
-    the CPU away."""
-    if future.done():
-        return
-    now = time.perf_counter()
-    if now < until:
-        if now > calm:
-            cpu_yield()
-        loop.call_soon(_keep_polling, loop, future, until, calm)
 
 
 class Connection:
@@ -172,8 +72,7 @@ class Connection:
         config: The settings it was opened with.
         features: What nsqd agreed to in IDENTIFY.
         auth: nsqd's answer to AUTH (identity and permissions), or None.
-        on_messages: Called with a read buffer and the ``(frame type, start, end)`` spans of
-            the message frames in it.
+        on_close: Called with the connection once it has closed, or None.
         closed: Whether the connection is closed.
         close_reason: Why it closed, once it has.
     """
@@ -183,20 +82,14 @@ class Connection:
         self.config = config
         self.features = Features()
         self.auth: Mapping[str, Any] | None = None
-        # Called with a buffer and the (frame type, start, end) spans of the message frames
-        # that arrived together in it: no copy is made until the callee slices what it
-        # needs, and the callee can account for a whole batch at once.
-        self.on_messages: Callable[[bytes, list[Span]], None] | None = None
-        self.on_async_error: Callable[[ServerError], None] | None = None
         self.on_close: Callable[[Connection], None] | None = None
-        self.before_read: Callable[[], None] | None = None
         self.closed = False
         self.close_reason: BaseException | None = None
         self.retiring = False  # close() was called: no new requests
         self._link = link
-        self._decoder = FrameDecoder(config.max_frame_size)
-        self._decompress: Callable[[bytes], bytes] | None = None
-        self._waiters: deque[_Waiter] = deque()
+        # The read side; the waiting requests are its and ours (the same deque).
+        self._pump = pump = FramePump(address, link, config.max_frame_size, self._stop)
+        self._waiters = pump.waiters
         self._watchdog_wake: anyio.Event | None = None  # set while the watchdog idles
         # On asyncio: bare futures from the loop, and the loop's clock (the same one anyio
         # uses there); each get_running_loop() costs a getpid() system call on 3.11.
@@ -222,6 +115,38 @@ class Connection:
         """Event-loop time of the last bytes received."""
         return self._link.last_read
 
+    # The read side's callbacks, set by the connection's owner.
+
+    @property
+    def on_messages(self) -> Callable[[bytes, list[Span]], None] | None:
+        """Called with a read buffer and the ``(frame type, start, end)`` spans of the
+        message frames that arrived together in it (no copy is made until the callee slices
+        what it needs); None: messages are dropped."""
+        return self._pump.on_messages
+
+    @on_messages.setter
+    def on_messages(self, callback: Callable[[bytes, list[Span]], None] | None) -> None:
+        self._pump.on_messages = callback
+
+    @property
+    def on_async_error(self) -> Callable[[ServerError], None] | None:
+        """Called with an error frame that no request waits for (a failed FIN, REQ or
+        TOUCH); None: it is logged."""
+        return self._pump.on_async_error
+
+    @on_async_error.setter
+    def on_async_error(self, callback: Callable[[ServerError], None] | None) -> None:
+        self._pump.on_async_error = callback
+
+    @property
+    def before_read(self) -> Callable[[], None] | None:
+        """Called once per read that carries more than a lone answer, before its frames."""
+        return self._pump.before_read
+
+    @before_read.setter
+    def before_read(self, callback: Callable[[], None] | None) -> None:
+        self._pump.before_read = callback
+
     # -- opening ---------------------------------------------------------------------------------
 
     @classmethod
@@ -244,65 +169,13 @@ class Connection:
             InvalidArgument: ``address`` is not a valid ``host:port``.
         """
         config = config or ConnectionConfig()
-        host, port = parse_address(address)
-        try:
-            with anyio.fail_after(config.connect_timeout):
-                link = await open_link(host, port)
-        except TimeoutError:
-            raise ConnectFailed(
-                f"connecting to nsqd {address} timed out after {config.connect_timeout}s"
-            ) from None
-        except OSError as exc:
-            raise ConnectFailed(f"cannot connect to nsqd {address}: {exc}") from exc
+        host, link = await dial(address, config)
         conn = cls(address, link, config)
-        try:
-            with anyio.fail_after(config.handshake_timeout):
-                await conn._handshake(host)
-        except TimeoutError:
-            await link.aclose()
-            raise ConnectFailed(
-                f"handshake with nsqd {address} timed out after {config.handshake_timeout}s"
-            ) from None
-        except NSQError:  # ConnectFailed is an OSError too: keep the precise error
-            await link.aclose()
-            raise
-        except (OSError, anyio.EndOfStream, anyio.BrokenResourceError, ssl.SSLError) as exc:
-            await link.aclose()
-            raise ConnectFailed(f"handshake with nsqd {address} failed: {exc!r}") from exc
-        except BaseException:
-            await link.aclose()
-            raise
+        pump = conn._pump
+        conn.features, conn.auth, pump.decompress = await handshake(
+            link, pump.decoder, address, host, config
+        )
         return conn
-
-    async def _handshake(self, host: str) -> None:
-        hs = Handshake(self.address, host, self.config)
-        step: Step | bytes | None = hs.start()
-        while step is not None:
-            if isinstance(step, bytes):  # a heartbeat to answer
-                self._link.write(step)
-                await self._link.drain()
-            elif isinstance(step, Send):
-                self._link.write(step.data)
-                await self._link.drain()
-            elif isinstance(step, StartTLS):
-                await self._link.start_tls(step.context, step.hostname)
-            else:
-                rest = self._decoder.take_remaining()
-                self._link.compress, self._decompress = step.compress, step.decompress
-                if rest:
-                    self._decoder.append(step.decompress(rest))
-            step = hs.reply(*await self._next_frame())
-        self.features, self.auth = hs.features, hs.auth
-
-    async def _next_frame(self) -> tuple[int, bytes]:
-        while True:
-            frame = self._decoder.next_frame()
-            if frame is not None:
-                return frame
-            data = await self._link.receive()
-            if self._decompress is not None:
-                data = self._decompress(data)
-            self._decoder.append(data)
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -322,7 +195,7 @@ class Connection:
                 try:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._watchdog)
-                        await self._link.run(self._on_data)
+                        await self._link.run(self._pump.on_data)
                         tg.cancel_scope.cancel()
                 except anyio.EndOfStream:
                     pass
@@ -379,96 +252,6 @@ class Connection:
         for waiter in self._waiters:
             if waiter.deadline <= now:
                 waiter.set(b"", NSQTimeout(f"nsqd {self.address} did not answer in time"))
-
-    def _on_data(self, data: bytes) -> None:
-        if (  # a lone OK for the oldest request (a publisher's usual read): no decoding
-            data == OK_FRAME
-            and self._waiters
-            and self.before_read is None
-            and self._decompress is None
-            and not self._decoder.buffered  # not in the middle of a frame
-        ):
-            waiter = self._waiters.popleft()
-            waiter.resolve(OK, None)
-            waiter.wake()
-            return
-        on_messages = self.on_messages
-        if (  # one whole message frame (an ordered partition's usual read): no decoding pass
-            on_messages is not None
-            and self._decompress is None
-            and self._decoder.lone_message(data)
-        ):
-            if self.before_read is not None:
-                self.before_read()
-            try:
-                on_messages(data, [(FRAME_MESSAGE, 8, len(data))])
-            except Exception as exc:
-                self._stop(exc)
-                raise
-            return
-        # Answered requests resume only after the whole read is dealt with, so a fatal
-        # error in it has already marked the connection unusable when they do.
-        answered: list[_Waiter] = []
-        try:
-            self._read(data, answered)
-        except Exception as exc:
-            self._stop(exc)
-            raise
-        finally:
-            for waiter in answered:
-                waiter.wake()
-
-    def _read(self, data: bytes, answered: list[_Waiter]) -> None:
-        if self.before_read is not None:
-            self.before_read()
-        if self._decompress is not None:
-            data = self._decompress(data)
-        decoder = self._decoder
-        src, spans = decoder.feed_spans(data)
-        on_messages = self.on_messages
-        if not decoder.others:  # only message frames (or none): the consumer's usual read
-            if spans and on_messages is not None:
-                on_messages(src, spans)
-            return
-        batch: list[Span] = []
-        for span in spans:
-            ftype, start, end = span
-            if ftype == FRAME_MESSAGE:
-                batch.append(span)
-                continue
-            if batch:  # keep message and other frames in stream order
-                if on_messages is not None:
-                    on_messages(src, batch)
-                batch = []
-            if ftype == FRAME_RESPONSE:
-                payload = src[start:end]
-                if payload == HEARTBEAT:
-                    self._link.write(commands.NOP)
-                elif self._waiters:
-                    waiter = self._waiters.popleft()
-                    waiter.resolve(payload, None)
-                    answered.append(waiter)
-                else:
-                    log.debug("nsqd %s: answer %r with no request", self.address, payload[:64])
-            else:
-                self._on_error_frame(src[start:end], answered)
-        if batch and on_messages is not None:
-            on_messages(src, batch)
-
-    def _on_error_frame(self, payload: bytes, answered: list[_Waiter]) -> None:
-        if payload.startswith(_ASYNC_ERRORS) or not self._waiters:
-            err = error_from_frame(payload)
-            if self.on_async_error is not None:
-                self.on_async_error(err)
-            else:
-                log.warning("nsqd %s: %s", self.address, err)
-        else:
-            waiter = self._waiters.popleft()
-            err = error_from_frame(payload, publish=waiter.publish)
-            waiter.resolve(b"", err)
-            answered.append(waiter)
-        if err.fatal:
-            raise err
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -559,11 +342,11 @@ class Connection:
         # handled before this task yields, so the waiter is queued in time.
         now = self._clock()  # read once: the deadline, and the age waiting_since reports
         deadline = _INF if timeout is None else now + timeout
-        waiter: _Waiter
+        waiter: Waiter
         if self._loop is not None:
-            waiter = _FutureWaiter(EagerFuture(loop=self._loop), publish, now, deadline)
+            waiter = FutureWaiter(EagerFuture(loop=self._loop), publish, now, deadline)
         else:
-            waiter = _EventWaiter(publish, now, deadline)
+            waiter = EventWaiter(publish, now, deadline)
         self._waiters.append(waiter)
         if self._watchdog_wake is not None and deadline != _INF:
             self._watchdog_wake.set()  # it sleeps without a deadline to watch: now one
@@ -577,13 +360,13 @@ class Connection:
             except BaseException:
                 waiter.abandon()
                 raise
-        if not (alone and self._busy.limit and isinstance(waiter, _FutureWaiter)):
+        if not (alone and self._busy.limit and isinstance(waiter, FutureWaiter)):
             return await waiter.wait()
         # Alone in flight: keep the loop polling for the answer a while (BusyPoll).
         sent = time.perf_counter()
         budget = self._busy.budget()
         if budget:
-            _keep_polling(self._loop, waiter.future, sent + budget, sent + LOOP_YIELD_AFTER)
+            keep_polling(self._loop, waiter.future, sent + budget, sent + LOOP_YIELD_AFTER)
         result = await waiter.wait()
         self._busy.observe(time.perf_counter() - sent)
         return result

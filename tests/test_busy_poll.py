@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import anyio
@@ -11,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import smartnsq.connection as connection_module
+import smartnsq.waiters as waiters_module
 from smartnsq import Connection, ConnectionConfig
 from smartnsq.busy_poll import BusyPoll
 from smartnsq.protocol.frames import OK_FRAME
@@ -54,17 +56,19 @@ class Polls:
         self.passes = 0
         self.passes_after_answer = 0
         self._futures: list[Any] = []  # kept alive: a freed future's id() can come back
-        real = connection_module._keep_polling
+        real = waiters_module.keep_polling
 
         def keep_polling(loop: Any, future: Any, until: float, calm: float) -> None:
             if not any(f is future for f in self._futures):
                 self._futures.append(future)
-                self.budgets.append(until - connection_module.time.perf_counter())
+                self.budgets.append(until - time.perf_counter())
             self.passes += 1
             self.passes_after_answer += future.done()
             real(loop, future, until, calm)
 
-        monkeypatch.setattr(connection_module, "_keep_polling", keep_polling)
+        # The connection starts the chain; each pass schedules the next by its module's name.
+        monkeypatch.setattr(connection_module, "keep_polling", keep_polling)
+        monkeypatch.setattr(waiters_module, "keep_polling", keep_polling)
 
 
 def stub(busy_poll: float, *, long: bool = False) -> Connection:
@@ -98,7 +102,7 @@ async def ask_alone(conn: Connection, answer_after: float = 0.0) -> bytes:
             await anyio.sleep(0)  # passes in which the answer is not there yet
         if answer_after:
             await anyio.sleep(answer_after)
-        conn._on_data(OK_FRAME)
+        conn._pump.on_data(OK_FRAME)
     return got[0]
 
 
@@ -142,7 +146,7 @@ async def test_never_polls_when_off_when_not_alone_or_on_trio(
     async with anyio.create_task_group() as tg:
         await ask(conn, tg, got)
         await ask(conn, tg, got)  # not alone: it starts no polling of its own
-        conn._on_data(OK_FRAME + OK_FRAME)
+        conn._pump.on_data(OK_FRAME + OK_FRAME)
     assert got == [b"OK", b"OK"]
     assert len(polls.budgets) == (0 if anyio_backend == "trio" else 1)
 
@@ -151,7 +155,7 @@ async def test_never_polls_when_off_when_not_alone_or_on_trio(
 @pytest.mark.anyio
 async def test_a_long_poll_gives_the_cpu_away(monkeypatch: pytest.MonkeyPatch) -> None:
     yields: list[float] = []
-    monkeypatch.setattr(connection_module, "cpu_yield", lambda: yields.append(1.0))
+    monkeypatch.setattr(waiters_module, "cpu_yield", lambda: yields.append(1.0))
     conn = stub(0.01, long=True)
     # Answered after 2 ms: past LOOP_YIELD_AFTER, so the later passes yield.
     assert await ask_alone(conn, answer_after=0.002) == b"OK"

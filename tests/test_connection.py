@@ -45,7 +45,7 @@ async def answers(payloads: list[bytes], cuts: list[int]) -> list[bytes]:
                 await anyio.sleep(0)
         stream = b"".join(encode_frame(FRAME_RESPONSE, p) for p in payloads)
         for chunk in chunked(stream, cuts):
-            conn._on_data(chunk)
+            conn._pump.on_data(chunk)
     return [got[i] for i in range(len(payloads))]
 
 

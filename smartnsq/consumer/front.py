@@ -40,18 +40,11 @@ class Consumer:
         async with Consumer("events", "archive", handle, lookupd_http_addresses=[...]) as c:
             await anyio.sleep_forever()
 
-    The handler's answer, as in pynsq: returning ``None``, ``True`` or anything else but
-    ``False`` FINs the message; returning ``False`` REQs it with the consumer's delay policy
-    (``requeue_delay`` times the attempts, capped by ``max_requeue_delay``) and counts as a
-    failure for backoff, as raising does (the exception is logged with its traceback).
-    Whatever the handler returns that is awaitable is awaited first, so a plain function
-    that forwards to an ``async def`` one behaves like it.
-
-    ``async def`` handlers run on the event loop, ``concurrency`` at a time. Plain ``def``
-    handlers run in a pool of up to ``concurrency`` worker threads (default:
-    ``max_in_flight``, at most 100), so a handler that blocks does not stop the event loop
-    from answering nsqd's heartbeats; [`Message.finish`][smartnsq.Message.finish] and friends
-    may be called from those threads.
+    The handler's answer works as in pynsq: ``False`` or raising REQs the message (with the
+    delay policy, and backoff), anything else FINs it (see ``handler`` below). A plain ``def``
+    handler runs in worker threads, so one that blocks does not stop the event loop from
+    answering nsqd's heartbeats; [`Message.finish`][smartnsq.Message.finish] and friends may
+    be called from those threads.
 
     One nsqd or nsqlookupd that fails, in whatever way, is logged, retried with backoff and
     does not stop consumption from the others.
@@ -62,13 +55,8 @@ class Consumer:
             async for message in consumer:
                 ...  # finished automatically when the next one is pulled
 
-    Bodies that a Youzan producer compressed itself (go-nsq's ``TopicsForCompress``, or
-    ``compress_topics`` of [`smartnsq.Producer`][smartnsq.Producer]) are handed over
-    decompressed; as with go-nsq, the headers ``nsq.client.compress`` and ``nsq.msg.size`` stay in
-    ``message.headers``. A body that cannot be decompressed (unknown codec, corrupt block)
-    never reaches the handler: it fails with [`DecompressFailed`][smartnsq.errors.DecompressFailed]
-    and is logged and requeued (given up after ``max_attempts``) like a handler failure.
-
+    Bodies a Youzan producer compressed itself are handed over decompressed (see
+    [compressed bodies][consumer-compressed-bodies]).
 
     A Consumer can be started once, and belongs to the event loop (thread) and process that
     started it: used from another thread it raises
@@ -78,11 +66,6 @@ class Consumer:
     Attributes:
         topic: The topic consumed.
         channel: The channel subscribed to.
-        trace: Run-time trace switch ([`TraceSwitch`][smartnsq.trace.TraceSwitch]): while
-            tracing is on for the topic, each message received is written as a ``consume``
-            trace record.
-        last_error: The last error an nsqd refused the subscription with (say, an ordered
-            topic subscribed with ``ordered=False``), or None.
     """
 
     def __init__(
@@ -158,15 +141,12 @@ class Consumer:
                 Each is kept connected (reconnecting with backoff, see ``reconnect_min``)
                 whatever the lookupds say.
             lookupd_http_addresses: nsqlookupd HTTP addresses (``host:port`` or an
-                ``http(s)://`` URL). Every lookupd is asked at once, every
-                ``lookupd_poll_interval``; the consumer connects to each nsqd that has the
-                topic (on Youzan, one connection per partition) and disconnects from the ones
-                no lookupd lists any more. At least one of ``nsqd_tcp_addresses`` and
+                ``http(s)://`` URL), all asked at once; the consumer follows the nsqd they list
+                ([discovery][consumer-discovery]). At least one of ``nsqd_tcp_addresses`` and
                 ``lookupd_http_addresses`` is required.
             max_in_flight: Most messages held at once over all connections (the sum of the
-                RDY counts), an int >= 0; 0 pauses. It is spread evenly over the connections;
-                with fewer than there are connections, connections take turns holding RDY 1.
-                Default 1. Change it at run time with
+                RDY counts, [spread][consumer-rdy-backoff] over them), an int >= 0; 0 pauses.
+                Default 1. Change it with
                 [`set_max_in_flight`][smartnsq.Consumer.set_max_in_flight].
             max_attempts: A message delivered more than this many times is not handed to the
                 handler: it goes to ``on_giving_up`` (or a warning is logged) and is FINed.
@@ -178,39 +158,25 @@ class Consumer:
                 always requeue with no delay.
             max_requeue_delay: Cap of that delay, default 3600.0 (nsqd caps it at its own
                 ``--max-req-timeout`` too).
-            backoff: Whether failures slow consumption down. Each failure raises the backoff
-                level (each success lowers it); while it is above 0 every connection gets RDY 0
-                for a window of ``backoff_unit * 2**level`` seconds (at most
-                ``max_backoff_duration``, shortened by up to 20 % at random), then one
-                connection gets RDY 1 to test the waters (moved to the next every 0.5 s while
-                it has nothing to send). Back at level 0, full RDY resumes. Default True.
-            max_backoff_duration: Longest backoff window, default 128.0 (> 0). It also caps the
-                level at ``ceil(log2(max_backoff_duration / backoff_unit))``.
+            backoff: Whether failures slow consumption down: RDY 0 for a window that doubles
+                with each failure, then RDY 1 to test the waters
+                ([backoff][consumer-rdy-backoff]). Default True.
+            max_backoff_duration: Longest backoff window, default 128.0 (> 0).
             backoff_unit: Length of the level-1 backoff window's unit, default 1.0 (> 0).
-            lookupd_poll_interval: Time between two lookupd queries, default 60.0 (> 0),
-                varied by ``lookupd_poll_jitter``. A dropped connection triggers an early query
-                (at most one a second).
-            lookupd_poll_jitter: Each wait between queries is ``lookupd_poll_interval`` times
-                a random factor in ``[1 - jitter, 1 + jitter]``; in ``[0, 1)``, default 0.3.
-            reconnect_min: Base of the delay before reconnecting to an nsqd, default 0.5
-                (> 0): after a connection that ended without an error, ``reconnect_min``;
-                after ``n`` failures in a row, ``reconnect_min * 2**n`` (at most
-                ``reconnect_max``); each shortened by up to half at random.
+            lookupd_poll_interval: Time between two lookupd queries, default 60.0 (> 0).
+            lookupd_poll_jitter: Random variation of that time, in ``[0, 1)``; default 0.3.
+            reconnect_min: Base of the delay before reconnecting to an nsqd, doubled with each
+                failure in a row, default 0.5 (> 0).
             reconnect_max: Longest delay between reconnection attempts, default 60.0 (> 0).
             rdy_redistribute_interval: How often RDY is recomputed over the connections,
-                default 5.0 (> 0). With fewer ``max_in_flight`` slots than connections, a
-                connection that has held RDY this long gives it to one that waits.
+                default 5.0 (> 0).
             low_rdy_idle_timeout: With fewer slots than connections, a connection holding RDY
-                that received nothing for this long gives it to one that waits; default 10.0
-                (> 0).
-            concurrency: How many handlers run at once: worker tasks for an ``async def``
-                handler, at most this many threads for a plain ``def`` one (threads are added
-                only while handlers are stuck). An int >= 1; default ``max_in_flight``, kept
-                between 1 and 100.
-            auto_touch: Whether to TOUCH messages whose handler is still running: checked
-                every second, a message is touched once half of nsqd's message timeout has
-                passed since it arrived (or was last touched), until nsqd's
-                ``--max-msg-timeout`` since it arrived. Default False.
+                that received nothing for this long gives it up; default 10.0 (> 0).
+            concurrency: How many handlers run at once (worker tasks, or threads for a plain
+                ``def`` handler: [handlers][consumer-handlers]), an int >= 1; default
+                ``max_in_flight``, kept between 1 and 100.
+            auto_touch: Whether to TOUCH messages whose handler is still running, from half
+                of nsqd's message timeout on ([handlers][consumer-handlers]). Default False.
             msg_timeout: How long nsqd waits for an answer to a message before delivering it
                 again, sent in IDENTIFY (nsqd caps it at ``--max-msg-timeout``). Default None:
                 nsqd's ``--msg-timeout`` (60 s by default).
@@ -244,11 +210,10 @@ class Consumer:
             ext: Youzan ext topics (messages with JSON headers): ``True`` negotiates
                 ``extend_support``, ``False`` does not, ``None`` (default) follows the topic.
             on_order_violation: Called as ``(message, last_internal_id, last_offset)`` when a
-                message of an ordered partition comes before the previous one (its internal
-                id or offset went backwards); the violation is logged as an error either way.
-                May be ``async``. Default None.
+                message of an ordered partition goes backwards (logged as an error either
+                way). May be ``async``. Default None.
             on_blocked: Called with a message of an ordered partition that arrives with at
-                least ``blocked_warn_attempts`` attempts (it blocks its partition). May be
+                least ``blocked_warn_attempts`` attempts (it blocks its partition); may be
                 ``async``. Default None.
             blocked_warn_attempts: On ordered partitions, a message on this many attempts (and
                 every multiple of it) is logged as a warning; an int >= 1, default 10.
@@ -258,33 +223,20 @@ class Consumer:
                 for it over an unencrypted connection: the connection fails with
                 [`InsecureAuth`][smartnsq.errors.InsecureAuth]. Default True.
             start: Where to start reading a Youzan partitioned topic (with
-                ``lookupd_http_addresses``): ``None`` (default) reads from the channel's own
-                position; ``"earliest"`` from the earliest retained message; ``"latest"`` only
-                messages published from now on; a Unix time (int/float seconds, or an aware
-                ``datetime``; the fork resolves whole seconds) from the first message published
-                at or after that second; a mapping ``{partition: queue offset}`` (offsets as in
-                ``Message.offset``) from the first message at or after each offset, other
-                partitions keeping the channel's position. It moves the *channel* (nsqd's
-                ``/channel/setoffset`` on each partition's leader), so it affects every consumer
-                of that channel on that partition; it is applied when this consumer first
-                subscribes to a partition, before any message is read, and only if no other
-                client is subscribed to the channel there (else a warning is logged and the
-                channel's position is kept). It is applied once per partition: a reconnect
-                resumes where the channel is. Checked on start: a classic cluster raises
-                [`NotSupported`][smartnsq.errors.NotSupported], an unknown partition
-                [`InvalidArgument`][smartnsq.errors.InvalidArgument], an offset outside what the
-                partition retains [`OffsetOutOfRange`][smartnsq.errors.OffsetOutOfRange].
+                ``lookupd_http_addresses``): ``None`` (default): the channel's own position;
+                ``"earliest"``, ``"latest"``, a Unix time (seconds, or an aware ``datetime``)
+                or ``{partition: queue offset}``. It moves the *channel* for every consumer of
+                it, once per partition, before any message is read; see
+                [where a consumer starts][consumer-start] for the rules and the errors raised
+                on start.
             partitions: Partition numbers to consume (default: every partition). Needs
                 ``lookupd_http_addresses``; checked on start like ``start``.
             advanced: Subscribe with ``SUB_ADVANCED`` so every message of an unordered
                 partitioned topic carries ``offset`` and ``raw_size``
                 ([`Message`][smartnsq.Message]; ordered topics always do). Implied by ``start``.
             desired_tag: Receive only the messages published with this dispatch tag (Youzan
-                ext topics; sent in IDENTIFY). 1-100 ASCII letters, digits, ``_`` or ``-``.
-                On a topic without ext headers, or a classic nsqd, which would ignore it and
-                deliver everything, the consumer refuses to subscribe
-                ([`TagNotSupported`][smartnsq.errors.TagNotSupported], logged and kept in
-                ``last_error``).
+                ext topics; 1-100 ASCII letters, digits, ``_`` or ``-``). Elsewhere the consumer
+                refuses to subscribe ([tags][consumer-tags]).
             output_buffer_timeout: How long nsqd may hold messages for this consumer before
                 writing them out, in seconds, sent in IDENTIFY. ``None`` (default): nsqd's
                 (250 ms); ``0``: no buffering, each write goes out at once (more system calls
@@ -296,16 +248,10 @@ class Consumer:
                 writing, sent in IDENTIFY. ``None`` (default): nsqd's (16 KiB); ``0``: no
                 buffering (nsqd then also ignores ``output_buffer_timeout``); else at least 64
                 (nsqd's ``--max-output-buffer-size``, 64 KiB by default, bounds it).
-            dead_letter_topic: Where a message given up on (past ``max_attempts``) goes: it is
-                published there, on the same cluster and with the same connection settings,
-                and finished only once nsqd acknowledged the copy (if that publish fails, it
-                is requeued with backoff instead: nothing is lost). The body is unchanged; on
-                a Youzan ext topic the copy keeps the original's headers and trace id and adds
-                ``smartnsq.dead.topic``, ``.channel``, ``.attempts``, ``.error``,
-                ``.failed_at`` (Unix ms) and ``.message_id``; elsewhere those facts are logged
-                at WARNING. ``on_giving_up`` is called once the copy is acknowledged. Replay
-                it with ``smartnsq to-nsq``. ``None`` (default): messages given up on are
-                finished.
+            dead_letter_topic: Where a message given up on (past ``max_attempts``) goes:
+                published there, then finished once nsqd acknowledged the copy, or requeued
+                with backoff if that publish fails ([dead letters][consumer-dead-letters]).
+                ``None`` (default): finished.
 
         Raises:
             InvalidArgument: A value is out of range, a name breaks NSQ's rules, or neither
@@ -343,6 +289,12 @@ class Consumer:
         self._options.async_handler = is_async_handler(handler)
 
     @property
+    def started(self) -> bool:
+        """Whether the consumer was started; it stays True once stopped (a Consumer starts
+        only once). Code that wraps the handler (``smartnsq.observe.otel``) checks it."""
+        return self._started
+
+    @property
     def sinks(self) -> Sinks:
         """Where deliveries can go instead of a handler (for front doors built on this
         consumer): see ``smartnsq.consumer.Sinks``."""
@@ -350,13 +302,15 @@ class Consumer:
 
     @property
     def trace(self) -> TraceSwitch:
-        """Run-time trace switch (see the class's attributes)."""
+        """Run-time trace switch ([`TraceSwitch`][smartnsq.trace.TraceSwitch]): while tracing
+        is on for the topic, each message received is written as a ``consume`` record."""
         return self._intake.trace
 
     @property
     def last_error(self) -> ServerError | None:
         """The last error an nsqd refused the connection or subscription with (say an
-        IDENTIFY setting outside its limits), or None."""
+        IDENTIFY setting outside its limits, or an ordered topic with ``ordered=False``), or
+        None."""
         return self._nodes.last_error
 
     @property
@@ -424,15 +378,11 @@ class Consumer:
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop gracefully; nothing is left in flight.
 
-        Sends RDY 0 everywhere, requeues messages not yet handed to the handler (a
-        message pulled with ``async for`` counts as handled and is finished), lets
-        running handlers finish for up to ``timeout`` seconds (their messages are then FINed or
-        REQed as usual; handlers still running after that are cancelled and their messages
-        requeued; a plain ``def`` handler's thread cannot be cancelled, so its message is
-        requeued and what the handler returns later is ignored), then sends CLS and closes the
-        connections. After nsqd's CLOSE_WAIT it keeps reading for nsqd's output buffer timeout
-        (250 ms by default): a message nsqd had taken before it saw RDY 0 can still come, and
-        is requeued.
+        RDY 0 everywhere; messages not yet handed to the handler are requeued (one pulled
+        with ``async for`` counts as handled and is finished); running handlers get up to
+        ``timeout`` seconds, then are cancelled and their messages requeued; then CLS, and a
+        message that still comes is requeued ([Graceful shutdown][graceful-shutdown] has
+        each step).
 
         Called again while a stop is under way, it waits for that stop, cutting its wait for
         running handlers down to ``timeout`` if that is sooner (say, on a second Ctrl-C).

@@ -91,17 +91,13 @@ def instrument(
         else:
             _instrument_sync_producer(client, tracer)
         return
-    if isinstance(client, Consumer):
-        if client._started:
-            raise NSQError("instrument a Consumer before starting it")
-    elif isinstance(client, SyncConsumer):
-        if client._portal is not None or client._closed:
-            raise NSQError("instrument a Consumer before starting it")
-    else:
+    if not isinstance(client, Consumer | SyncConsumer):
         raise InvalidType(
             "instrument takes a smartnsq Producer or Consumer (async or sync), "
             f"not {type(client).__name__}"
         )
+    if client.started:
+        raise NSQError("instrument a Consumer before starting it")
     handler = client.handler
     if handler is None:
         raise InvalidArgument(
@@ -109,10 +105,7 @@ def instrument(
         )
     if getattr(handler, "_smartnsq_traced", False):
         raise InvalidArgument("this Consumer is instrumented already")
-    topic, channel = (
-        (client.topic, client.channel) if isinstance(client, Consumer) else client._args
-    )
-    client.handler = _traced_handler(handler, tracer, topic, channel)
+    client.handler = _traced_handler(handler, tracer, client.topic, client.channel)
 
 
 def uninstrument(client: Producer | SyncProducer | Consumer | SyncConsumer) -> None:
@@ -129,8 +122,7 @@ def uninstrument(client: Producer | SyncProducer | Consumer | SyncConsumer) -> N
             vars(client).pop(name, None)
         return
     if isinstance(client, Consumer | SyncConsumer):
-        started = client._started if isinstance(client, Consumer) else client._portal is not None
-        if started:
+        if client.started:
             raise NSQError("uninstrument a Consumer before starting it")
         original = getattr(client.handler, "__wrapped__", None)
         if original is not None and getattr(client.handler, "_smartnsq_traced", False):
@@ -294,7 +286,9 @@ def _process_attributes(msg: Message, topic: str, channel: str) -> dict[str, Any
         "messaging.message.body.size": len(msg.body),
         "messaging.nsq.attempts": msg.attempts,
     }
-    if msg._reader.layout.binary_id:  # Youzan: an internal id and a trace id
+    # Youzan deliveries always have a partition (lookupd's, or their internal id's) and an
+    # internal id and a trace id for an id; classic ones have neither.
+    if msg.partition is not None:
         attributes["messaging.message.id"] = str(msg.internal_id)
         attributes["messaging.destination.partition.id"] = str(msg.partition)
         if msg.trace_id:
@@ -302,8 +296,6 @@ def _process_attributes(msg: Message, topic: str, channel: str) -> dict[str, Any
     else:
         mid = msg.id
         attributes["messaging.message.id"] = mid.decode() if mid.isascii() else mid.hex()
-        if msg.partition is not None:
-            attributes["messaging.destination.partition.id"] = str(msg.partition)
     return attributes
 
 

@@ -261,10 +261,7 @@ def _lag_fetch(
 
 
 def _topic(client: Consumer | SyncConsumer) -> tuple[str, str]:
-    if isinstance(client, Consumer):
-        return client.topic, client.channel
-    topic, channel = client._args
-    return topic, channel
+    return client.topic, client.channel
 
 
 def _identity(client: Any, labels: dict[str, str]) -> tuple[Any, ...]:

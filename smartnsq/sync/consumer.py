@@ -48,6 +48,10 @@ class Consumer:
     ``with`` block requeues the message being handled (and every message not yet handed
     over); leaving the loop early (``break``) counts the current message as handled.
     ``message.finish()``, ``requeue()`` and ``touch()`` may be called from this thread.
+
+    Attributes:
+        topic: The topic consumed.
+        channel: The channel subscribed to.
     """
 
     def __init__(
@@ -72,7 +76,8 @@ class Consumer:
         """
         if handler is not None and not callable(handler):
             raise InvalidType("handler must be a callable taking one Message (or None to iterate)")
-        self._args = (topic, channel)
+        self.topic = topic
+        self.channel = channel
         self._handler = handler
         self._options = options
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
@@ -91,9 +96,15 @@ class Consumer:
 
     @handler.setter
     def handler(self, handler: Handler) -> None:
-        if self._portal is not None or self._closed:
+        if self.started:
             raise NSQError("change a Consumer's handler before starting it")
         self._handler = handler
+
+    @property
+    def started(self) -> bool:
+        """Whether the consumer was started (or closed): a Consumer starts only once. Code
+        that wraps the handler (``smartnsq.observe.otel``) checks it."""
+        return self._portal is not None or self._closed
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -113,7 +124,7 @@ class Consumer:
             InvalidType: An option of the wrong type.
             NSQError: The consumer was already started.
         """
-        if self._portal is not None or self._closed:
+        if self.started:
             raise NSQError("a sync Consumer can be started only once")
         self._portal_cm = start_blocking_portal()
         self._portal = portal = self._portal_cm.__enter__()
@@ -128,7 +139,7 @@ class Consumer:
             raise
 
     def _create(self) -> AsyncConsumer:
-        consumer = AsyncConsumer(*self._args, self._handler, **self._options)
+        consumer = AsyncConsumer(self.topic, self.channel, self._handler, **self._options)
         if self._handler is None:
             consumer.sinks.set(self._handed.put)  # on the loop; a thread-safe put
         return consumer
@@ -250,10 +261,9 @@ class Consumer:
             LookupFailed: No lookupd answered.
             NsqdHttpFailed: No nsqd answered.
         """
-        topic, channel = self._args
         lookupds = self._options.get("lookupd_http_addresses", ())
         lag: list[ChannelLag] = anyio.run(
-            consumer_lag, topic, channel, lookupds, nsqd_http_addresses, timeout
+            consumer_lag, self.topic, self.channel, lookupds, nsqd_http_addresses, timeout
         )
         return lag
 

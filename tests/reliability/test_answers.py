@@ -90,7 +90,7 @@ async def run_case(fate: list[int], cuts: list[int]) -> None:
             encode_frame(FRAME_RESPONSE, b"ANSWER" + req[3:-1]) for req in link.written
         )
         for chunk in chunked(stream, cuts):
-            conn._on_data(chunk)
+            conn._pump.on_data(chunk)
     assert sorted(link.written) == sorted(b"REQ %d\n" % i for i in range(n))
     for i in range(n):
         if fate[i] == 0:

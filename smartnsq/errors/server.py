@@ -1,22 +1,13 @@
-"""Every exception smartnsq raises.
-
-Three families:
-
-* [`InvalidArgument`][smartnsq.errors.InvalidArgument] and its subclasses: the caller passed
-  something wrong; nothing was sent. They also derive from ``ValueError`` (or
-  ``TypeError``) so generic handlers keep working.
-* [`ServerError`][smartnsq.errors.ServerError] and its subclasses: nsqd answered a command
-  with an error frame. Each knows whether the server closes the connection after it
-  (``fatal``) and whether a retry can succeed (``retry``).
-* Transport problems: [`ConnectionClosed`][smartnsq.errors.ConnectionClosed],
-  [`ConnectFailed`][smartnsq.errors.ConnectFailed],
-  [`ProtocolError`][smartnsq.errors.ProtocolError] (the peer sent bytes that are not NSQ)
-  and [`NSQTimeout`][smartnsq.errors.NSQTimeout].
-"""
+"""nsqd's error frames as typed exceptions: :class:`ServerError`, a subclass per known code,
+and :func:`error_from_frame`, which picks the class for a frame's payload. Import them from
+``smartnsq.errors``."""
 
 from __future__ import annotations
 
 import enum
+from typing import Any
+
+from smartnsq.errors.common import NSQError
 
 __all__ = [
     "AuthFailed",
@@ -26,34 +17,12 @@ __all__ = [
     "BadPartition",
     "BadTag",
     "BadTopic",
-    "CodecUnavailable",
-    "ConnectFailed",
-    "ConnectionClosed",
-    "DataLoss",
-    "DecompressFailed",
     "ExtNotSupported",
     "FinFailed",
     "IdentifyFailed",
-    "InsecureAuth",
-    "InsecureAuthWarning",
-    "InvalidArgument",
-    "InvalidChannel",
     "InvalidCommand",
-    "InvalidTag",
-    "InvalidTopic",
-    "InvalidType",
-    "LookupFailed",
-    "MessageTooLarge",
-    "NSQError",
-    "NSQTimeout",
-    "NoNsqdAvailable",
     "NotLeader",
-    "NotSupported",
     "NotWritable",
-    "NsqdHttpFailed",
-    "OffsetOutOfRange",
-    "PartialPublish",
-    "ProtocolError",
     "PubFailed",
     "PubTooMuchWaiting",
     "ReqFailed",
@@ -63,181 +32,11 @@ __all__ = [
     "SubExtendNeeded",
     "SubOrderRequired",
     "TagNotSupported",
-    "TopicNotFound",
     "TopicNotExist",
     "TouchFailed",
     "Unauthorized",
-    "UsedAfterFork",
-    "WrongEventLoop",
-    "closed_error",
     "error_from_frame",
 ]
-
-
-class NSQError(Exception):
-    """Base class of every smartnsq exception; also raised for misuse of a client's lifecycle
-    (say, a Consumer started twice, or a message answered twice)."""
-
-
-# -- caller mistakes ---------------------------------------------------------------------------
-
-
-class InvalidArgument(NSQError, ValueError):
-    """A value passed to smartnsq is not acceptable. Nothing was sent."""
-
-
-class InvalidType(NSQError, TypeError):
-    """A value passed to smartnsq has the wrong type. Nothing was sent."""
-
-
-class InvalidTopic(InvalidArgument):
-    """The topic name breaks NSQ's naming rules."""
-
-
-class InvalidChannel(InvalidArgument):
-    """The channel name breaks NSQ's naming rules."""
-
-
-class MessageTooLarge(InvalidArgument):
-    """A message (or a batch) is larger than the server accepts."""
-
-
-class OffsetOutOfRange(InvalidArgument):
-    """A start queue offset is before the partition's earliest retained message or past its
-    end. Nothing was moved."""
-
-
-class InvalidTag(InvalidArgument):
-    """A dispatch tag that the Youzan fork does not accept. Nothing was sent."""
-
-
-class NotSupported(NSQError):
-    """The server (or its kind) does not support the requested feature.
-
-    For example ``delay`` on a Youzan nsqd or ``partition`` on a classic one; nothing was
-    sent.
-    """
-
-
-class CodecUnavailable(NotSupported):
-    """A compression codec's library is not installed; the message names the extra."""
-
-
-class DecompressFailed(NSQError):
-    """A message's body names an unknown compression codec or is not a valid block of its
-    codec. The consumer treats it as a handler failure for that message."""
-
-
-class DataLoss(NSQError):
-    """Messages to be read (by offset) are no longer retained by the server."""
-
-
-class WrongEventLoop(NSQError, RuntimeError):
-    """A client was used from a thread other than the one whose event loop started it.
-
-    Its connections belong to that loop. Nothing was sent.
-    """
-
-
-class UsedAfterFork(NSQError, RuntimeError):
-    """A client started before ``fork()`` was used in the child process. Nothing was sent."""
-
-
-class InsecureAuthWarning(UserWarning):
-    """The AUTH secret is about to be sent without TLS (given once per process)."""
-
-
-# -- transport ---------------------------------------------------------------------------------
-
-
-class ProtocolError(NSQError):
-    """The peer sent bytes that do not follow the NSQ protocol (it is not nsqd, or broken)."""
-
-
-class ConnectionClosed(NSQError, ConnectionError):
-    """The connection is closed (by us, by the server, or by the network).
-
-    Raised by a request on a connection that is or went down; a producer retries it (up to
-    ``max_retries``) before raising it.
-    """
-
-
-def closed_error(address: str, reason: BaseException | None) -> ConnectionClosed:
-    """The error for using a connection to ``address`` that is closed, saying why.
-
-    Args:
-        address: The nsqd address.
-        reason: Why the connection closed, or None.
-
-    Returns:
-        A [`ConnectionClosed`][smartnsq.errors.ConnectionClosed] naming the address and the
-            reason.
-    """
-    text = f"connection to nsqd {address} is closed"
-    if reason is not None and str(reason) and str(reason) not in text:
-        text += f": {reason}"
-    return ConnectionClosed(text)
-
-
-class ConnectFailed(ConnectionClosed):
-    """Could not open or handshake a connection to an nsqd (refused, unreachable, timed out)."""
-
-
-class InsecureAuth(ConnectFailed):
-    """nsqd asked for AUTH on an unencrypted connection and ``auth_over_plaintext`` is False.
-
-    The secret was not sent.
-    """
-
-
-class NSQTimeout(NSQError, TimeoutError):
-    """An operation did not finish within its deadline. Its outcome is unknown.
-
-    A publish that raises it may or may not have been published.
-    """
-
-
-class NoNsqdAvailable(NSQError):
-    """No nsqd could take the request (all down, or none configured or discovered)."""
-
-
-class PartialPublish(NSQError):
-    """``publish_many`` sent its batch in several MPUBs and one of them failed.
-
-    ``published`` counts the leading messages that the server acknowledged; the rest were not
-    acknowledged (``__cause__`` says why) and may be sent again.
-
-    Args:
-        message: The error text.
-        published: How many leading messages were acknowledged.
-
-    Attributes:
-        published: How many leading messages were acknowledged.
-    """
-
-    def __init__(self, message: str, published: int) -> None:
-        super().__init__(message)
-        self.published = published
-
-
-class NsqdHttpFailed(NSQError):
-    """An nsqd HTTP endpoint (``/stats``, ``/channel/setoffset``) could not be reached or
-    answered with an error."""
-
-
-class LookupFailed(NSQError):
-    """No lookupd could be asked, or none gave a usable answer.
-
-    A consumer logs it and keeps its connections; a publish that needs a lookup can raise it.
-    """
-
-
-class TopicNotFound(NSQError):
-    """No lookupd knows the topic (a lookup answered 404): a publish through lookupd raises it
-    until the topic exists."""
-
-
-# -- server error frames ------------------------------------------------------------------------
 
 
 class Retry(enum.Enum):
@@ -279,6 +78,10 @@ class ServerError(NSQError):
         if self.hint:
             text = f"{text}: {self.hint}"
         super().__init__(text or "unknown server error")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from the code and description: the text already has the hint in it.
+        return type(self), (self.code, self.description), self.__dict__
 
 
 class InvalidCommand(ServerError):
