@@ -24,6 +24,7 @@ Printed: duplicates (counted, not bounded: at least once), errors, the recovery 
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -49,6 +50,18 @@ Strike = Callable[[str, str], float]
 Heal = Callable[[str], "float | None"]
 
 
+class LogCount(logging.Handler):
+    """Counts the consumer's reconnect attempts and its WARNINGs (at any level set)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.reconnects = self.warnings = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.reconnects += "; reconnecting (attempt" in record.getMessage()
+        self.warnings += record.levelno >= logging.WARNING
+
+
 def run_case(
     cluster: ProxiedYouzan, kind: str, strike: Strike, heal: Heal, hold: float
 ) -> dict[str, object]:
@@ -60,6 +73,10 @@ def run_case(
     book = Book()
     target = Target(topic, "ch", producer_lookupd=lookupds, consumer_lookupd=lookupds)
     clients = CLIENTS[kind](target, SETTINGS, book, PACE)
+    consumer_log, count = logging.getLogger("smartnsq.consumer"), LogCount()
+    level = consumer_log.level
+    consumer_log.setLevel(logging.DEBUG)
+    consumer_log.addHandler(count)
     clients.start()
     try:
         wait(
@@ -86,6 +103,8 @@ def run_case(
     finally:
         clients.close()
         cluster.heal()
+        consumer_log.removeHandler(count)
+        consumer_log.setLevel(level)
 
     result: dict[str, object] = {
         "acked": len(book.acked),
@@ -97,6 +116,8 @@ def run_case(
         "recovered_since_strike_s": round(book.recovered_after(struck), 2),
         "errors": len(book.errors),
         "error_kinds": book.error_kinds(),
+        "consumer_reconnects": count.reconnects,
+        "consumer_warnings": count.warnings,
     }
     print(f"\n{kind}: {result}")
     foreign = book.foreign_errors()
