@@ -63,7 +63,7 @@ class LogCount(logging.Handler):
 
 
 def run_case(
-    cluster: ProxiedYouzan, kind: str, strike: Strike, heal: Heal, hold: float
+    cluster: ProxiedYouzan, kind: str, strike: Strike, heal: Heal, hold: float, name: str
 ) -> dict[str, object]:
     """Publish and consume; strike, hold, heal; wait until every key is acknowledged again
     and everything acknowledged was handled; assert lost == 0 and order violations == 0."""
@@ -119,7 +119,7 @@ def run_case(
         "consumer_reconnects": count.reconnects,
         "consumer_warnings": count.warnings,
     }
-    print(f"\n{kind}: {result}")
+    print(f"\n{name}/{kind}: {result}")
     foreign = book.foreign_errors()
     assert not foreign, f"errors that are not smartnsq.errors types: {foreign[:3]!r}"
     assert book.lost() == [], result
@@ -159,7 +159,7 @@ def test_a_leader_link_faulty(proxied_youzan, fault, kind):
     byte pieces or is capped at 4 KB/s, for twice the publish timeout, then heals."""
     cluster = proxied_youzan()
     strike, heal = _leader_link(cluster, fault)
-    result = run_case(cluster, kind, strike, heal, hold=HOLD)
+    result = run_case(cluster, kind, strike, heal, HOLD, f"leader link {fault}")
     # back within: the node's back-off (doubling while it fails: at most about twice the
     # outage), a publish timeout, a connection that lived through it given up (stale_after)
     assert result["recovered_s"] <= SETTINGS.producer_bound(HOLD), result
@@ -183,7 +183,7 @@ def test_b_leader_stopped_a_replica_takes_over_with_latency(proxied_youzan, kind
         restore_writable(cluster.cluster, topic)
         return time.monotonic()
 
-    result = run_case(cluster, kind, stop_leader, take_over, hold=0.0)
+    result = run_case(cluster, kind, stop_leader, take_over, 0.0, "leader stopped")
     # once the fork made the partition writable: a lookupd poll finds the new leader, a
     # publish (through 300 ms latency) is acknowledged within a publish timeout
     s = SETTINGS
@@ -205,7 +205,7 @@ def test_c_one_of_two_lookupds_silent(proxied_youzan, kind):
         return time.monotonic()
 
     hold = SETTINGS.lookupd_poll_interval * 5
-    result = run_case(cluster, kind, silence, lambda topic: None, hold=hold)
+    result = run_case(cluster, kind, silence, lambda topic: None, hold, "lookupd silent")
     # publishing never depends on one lookupd: every key keeps being acknowledged
     assert result["recovered_s"] <= hold, result
     assert result["errors"] == 0, result
