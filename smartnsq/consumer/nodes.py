@@ -42,6 +42,7 @@ log = logging.getLogger("smartnsq.consumer")
 
 class Nodes:
     __slots__ = (
+        "announced",
         "answers",
         "ext",
         "failures",
@@ -55,6 +56,7 @@ class Nodes:
         "pacing",
         "requery",
         "state",
+        "subscribed",
         "wanted",
     )
 
@@ -67,6 +69,8 @@ class Nodes:
         self.wanted: set[Target] = set()  # (nsqd, partition) we keep a connection loop for
         self.loops: dict[Target, anyio.CancelScope] = {}
         self.failures: dict[Target, int] = {}  # failed connection attempts in a row
+        self.subscribed: dict[Target, float] = {}  # when the current subscription began
+        self.announced: set[Target] = set()  # "subscribed again" logged in this outage
         self.nodes: dict[Target, Node] = {}  # partition leaders, for the start's HTTP calls
         self.lookup_failures = 0
         self.requery = anyio.Event()
@@ -113,13 +117,15 @@ class Nodes:
                 try:
                     await self._connect_and_consume(target)
                     failures = self.failures[target] = 0
+                    self.subscribed.pop(target, None)
+                    self.announced.discard(target)
                 except (
                     SubOrderRequired,
                     SubExtendNeeded,
                     SubExtendForbidden,
                     TagNotSupported,
                 ) as exc:
-                    failures = self.failures[target] = self.failures.get(target, 0) + 1
+                    failures = self._failed(target, exc)
                     if self._adapt(exc):
                         log.warning("nsqd %s: %s; switching subscription mode", name, exc)
                         self.failures[target] = 0
@@ -128,7 +134,7 @@ class Nodes:
                     level = logging.ERROR if failures == 1 else logging.DEBUG
                     log.log(level, "nsqd %s refuses the subscription: %s", name, _explain(exc))
                 except Exception as exc:  # one bad node must not stop the rest
-                    failures = self.failures[target] = self.failures.get(target, 0) + 1
+                    failures = self._failed(target, exc)
                     if isinstance(exc, ServerError):  # a refusal (say IDENTIFY's E_BAD_BODY)
                         self.last_error = exc
                     level = logging.WARNING if failures == 1 else logging.DEBUG
@@ -150,6 +156,27 @@ class Nodes:
         if self.loops.get(target) is scope:
             del self.loops[target]
             self.failures.pop(target, None)
+            self.subscribed.pop(target, None)
+            self.announced.discard(target)
+
+    def _failed(self, target: Target, exc: Exception) -> int:
+        """Count a failed attempt; returns the failed attempts in a row, this one included.
+
+        A subscription the server ended with an error frame before it lasted
+        ``reconnect_max`` (say a FIN refused with the fatal ``E_FAILED_ON_NOT_WRITABLE``
+        while a Youzan partition changes leader: SUB is accepted, the node cannot serve
+        yet) is one more failed attempt, so the back-off keeps growing and the outage is
+        logged once. Any other end of a subscription starts the count again."""
+        began = self.subscribed.pop(target, None)
+        failures = self.failures.get(target, 0)
+        if began is not None:
+            lasted = anyio.current_time() - began
+            if not (isinstance(exc, ServerError) and lasted < self.state.options.reconnect_max):
+                failures = 0
+        if failures == 0:
+            self.announced.discard(target)  # a new outage
+        failures = self.failures[target] = failures + 1
+        return failures
 
     def _adapt(self, exc: ServerError) -> bool:
         """With ``ordered``/``ext`` left to the topic (None), follow what the server demands."""
@@ -182,7 +209,13 @@ class Nodes:
             self.answers, address, conn, partition, ordered=ordered, ext=ext, offsets=advanced
         )
         self.intake.attach(sub, conn)
-        conn.on_async_error = OncePerKind(log, address)
+        once = OncePerKind(log, address)
+
+        def on_async_error(err: ServerError) -> None:
+            if not err.fatal:  # a fatal one ends the connection: the loop below logs it once
+                once(err)
+
+        conn.on_async_error = on_async_error
         subscribe = (
             commands.sub_ordered if ordered else commands.sub_advanced if advanced else commands.sub
         )
@@ -202,8 +235,14 @@ class Nodes:
                     tg.cancel_scope.cancel()
                     return
                 state.subs[target] = sub
-                failed = self.failures.pop(target, 0)
-                log.info(
+                # The count of failed attempts stays until the subscription ends (_failed).
+                failed = self.failures.get(target, 0)
+                self.subscribed[target] = anyio.current_time()
+                quiet = target in self.announced  # again within one outage: logged once
+                if failed:
+                    self.announced.add(target)
+                log.log(
+                    logging.DEBUG if quiet else logging.INFO,
                     "subscribed to %s/%s on nsqd %s%s%s",
                     options.topic,
                     options.channel,

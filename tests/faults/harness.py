@@ -1,9 +1,10 @@
-"""Workload and bookkeeping of the fault-injection tests.
+"""Workload, faults and bookkeeping of the fault-injection tests.
 
-Eight publishing tasks (async) or threads (blocking) publish numbered bodies while one
-consumer (async or sync handler) records what it handled, and where from. The test drives
-the faults from its own thread (Toxiproxy's API is blocking) and checks the invariants on a
-:class:`Record`.
+Eight publishing tasks (async) or threads (blocking) publish while one consumer (async or
+sync handler) records what it handled, and where from. What is published and how it is
+booked is a :class:`Workload`: numbered bodies (:class:`Record`, classic) or keyed ones
+(``tests.faults.keyed.Book``, Youzan). The test drives the faults from its own thread
+(Toxiproxy's API is blocking) and checks the invariants on the workload.
 """
 
 from __future__ import annotations
@@ -22,11 +23,48 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 import smartnsq
 import smartnsq.sync
+from compat.toxiproxy import Proxy
 from smartnsq import ConnectionConfig, ConsumerStats, Message, ProducerStats
 from smartnsq.errors import NSQError
 
 PUBLISHERS = 8
 SLACK = 3.0  # scheduling on a loaded 2-core machine: added to every derived bound
+ERROR_PAUSE = 0.05  # a publisher's pause after a failed publish (failures can be instant)
+
+
+def _silence(p: Proxy) -> None:
+    p.silence()
+
+
+def _reset(p: Proxy) -> None:
+    p.reset_peer()
+
+
+def _refuse(p: Proxy) -> None:
+    p.refuse()
+
+
+def _latency(p: Proxy) -> None:
+    p.latency(300, 100, streams=("downstream",))
+
+
+def _slicer(p: Proxy) -> None:
+    p.slicer(average=4, variation=3)
+
+
+def _bandwidth(p: Proxy) -> None:
+    p.bandwidth(4)  # KB/s each way: far below what the publishers send
+
+
+# fault -> (inject, seconds held on classic, whether the node is cut off while it lasts)
+FAULTS: dict[str, tuple[Callable[[Proxy], None], float, bool]] = {
+    "silent": (_silence, 4.0, True),  # longer than 2 heartbeat intervals + 10 %
+    "reset": (_reset, 3.0, True),
+    "refused": (_refuse, 3.0, True),
+    "latency": (_latency, 3.0, False),  # 300 ms +- 100 ms server -> client
+    "slicer": (_slicer, 3.0, False),  # 1-7 byte pieces both ways
+    "bandwidth": (_bandwidth, 3.0, False),
+}
 
 
 @dataclass(frozen=True)
@@ -122,6 +160,13 @@ class Record:
     errors: list[BaseException] = field(default_factory=list)
     handled: Counter[bytes] = field(default_factory=Counter)
     arrivals: list[tuple[float, str, bytes]] = field(default_factory=list)  # (when, nsqd, body)
+    numbers: Counter[int] = field(default_factory=Counter)  # publisher -> next number
+
+    def next_publish(self, task: int) -> tuple[bytes, dict[str, Any]]:
+        """A fresh numbered body each time (a failed one is not published again)."""
+        i = self.numbers[task]
+        self.numbers[task] += 1
+        return b"%d:%d" % (task, i), {}
 
     def ack(self, body: bytes) -> None:
         with self.lock:
@@ -188,6 +233,18 @@ class Record:
             )
 
 
+class Workload(Protocol):
+    """What the publishers publish, and the book of what was acknowledged and handled."""
+
+    def next_publish(self, task: int) -> tuple[bytes, dict[str, Any]]:
+        """Publisher ``task``'s next body and the ``publish`` keywords that go with it."""
+        ...
+
+    def ack(self, body: bytes) -> None: ...
+    def error(self, exc: BaseException) -> None: ...
+    def handle(self, message: Message) -> None: ...
+
+
 class Clients(Protocol):
     """Publishers and a consumer, running in the background."""
 
@@ -228,7 +285,7 @@ class AsyncClients:
     """``smartnsq.Producer`` shared by 8 tasks and a ``smartnsq.Consumer`` with an async
     handler, on an event loop in a background thread."""
 
-    def __init__(self, target: Target, settings: Settings, record: Record, pace: float) -> None:
+    def __init__(self, target: Target, settings: Settings, record: Workload, pace: float) -> None:
         self.target, self.settings, self.record, self.pace = target, settings, record, pace
         self._publishing = threading.Event()
         self._portal_cm: Any = None
@@ -256,14 +313,13 @@ class AsyncClients:
             record.handle(message)
 
         async def publisher(producer: smartnsq.Producer, task: int) -> None:
-            i = 0
             while self._publishing.is_set():
-                body = b"%d:%d" % (task, i)
-                i += 1
+                body, kwargs = record.next_publish(task)
                 try:
-                    await producer.publish(self.target.topic, body)
+                    await producer.publish(self.target.topic, body, **kwargs)
                 except Exception as exc:  # every one must be an NSQError: checked by the test
                     record.error(exc)
+                    await anyio.sleep(ERROR_PAUSE)
                 else:
                     record.ack(body)
                 await anyio.sleep(self.pace)
@@ -315,7 +371,7 @@ class SyncClients:
     """``smartnsq.sync.Producer`` shared by 8 threads and a ``smartnsq.sync.Consumer`` with a
     plain ``def`` handler (run in its worker threads)."""
 
-    def __init__(self, target: Target, settings: Settings, record: Record, pace: float) -> None:
+    def __init__(self, target: Target, settings: Settings, record: Workload, pace: float) -> None:
         self.target, self.settings, self.record, self.pace = target, settings, record, pace
         self._publishing = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -331,14 +387,13 @@ class SyncClients:
         )
 
     def _publisher(self, task: int) -> None:
-        i = 0
         while self._publishing.is_set():
-            body = b"%d:%d" % (task, i)
-            i += 1
+            body, kwargs = self.record.next_publish(task)
             try:
-                self._producer.publish(self.target.topic, body)
+                self._producer.publish(self.target.topic, body, **kwargs)
             except Exception as exc:
                 self.record.error(exc)
+                time.sleep(ERROR_PAUSE)
             else:
                 self.record.ack(body)
             time.sleep(self.pace)  # pacing, not synchronisation
@@ -370,7 +425,7 @@ class SyncClients:
         self._producer.close()
 
 
-CLIENTS: dict[str, Callable[[Target, Settings, Record, float], Clients]] = {
+CLIENTS: dict[str, Callable[[Target, Settings, Workload, float], Clients]] = {
     "async": AsyncClients,
     "sync": SyncClients,
 }

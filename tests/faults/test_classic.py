@@ -20,52 +20,16 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 
 import pytest
 
-from compat.toxiproxy import ProxiedClassic, Proxy
-from tests.faults.harness import CLIENTS, SLACK, Record, Settings, Target, wait
+from compat.toxiproxy import ProxiedClassic
+from tests.faults.harness import CLIENTS, FAULTS, SLACK, Record, Settings, Target, wait
 from tests.helpers import create_channel, unique
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 PACE = 0.02  # each publisher's pause between publishes: about 400 publishes/s in all
-
-
-def _silence(p: Proxy) -> None:
-    p.silence()
-
-
-def _reset(p: Proxy) -> None:
-    p.reset_peer()
-
-
-def _refuse(p: Proxy) -> None:
-    p.refuse()
-
-
-def _latency(p: Proxy) -> None:
-    p.latency(300, 100, streams=("downstream",))
-
-
-def _slicer(p: Proxy) -> None:
-    p.slicer(average=4, variation=3)
-
-
-def _bandwidth(p: Proxy) -> None:
-    p.bandwidth(4)  # KB/s each way: far below what the publishers send
-
-
-# fault -> (inject, seconds held, whether the node is cut off while it lasts)
-FAULTS: dict[str, tuple[Callable[[Proxy], None], float, bool]] = {
-    "silent": (_silence, 4.0, True),  # longer than 2 heartbeat intervals + 10 %
-    "reset": (_reset, 3.0, True),
-    "refused": (_refuse, 3.0, True),
-    "latency": (_latency, 3.0, False),  # 300 ms +- 100 ms server -> client
-    "slicer": (_slicer, 3.0, False),  # 1-7 byte pieces both ways
-    "bandwidth": (_bandwidth, 3.0, False),
-}
 
 
 def run_node_fault(cluster: ProxiedClassic, clients_kind: str, fault: str) -> dict[str, float]:
