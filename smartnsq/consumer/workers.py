@@ -18,7 +18,6 @@ from types import CoroutineType
 from typing import Any
 
 import anyio
-import anyio.abc
 
 from smartnsq.consumer.answers import Answers, lost
 from smartnsq.consumer.state import State
@@ -34,6 +33,7 @@ Job = tuple[Message, Coroutine[Any, Any, Any] | None, Any]
 
 class Workers:
     __slots__ = (
+        "adding",
         "answers",
         "coming",
         "idle",
@@ -43,7 +43,7 @@ class Workers:
         "scope",
         "slots",
         "state",
-        "tg",
+        "wanted",
     )
 
     def __init__(self, state: State, answers: Answers) -> None:
@@ -59,7 +59,9 @@ class Workers:
         # Workers started or woken that have not reached the queue yet: they will take what
         # is queued now, so a queued message needs no further worker while one is coming.
         self.coming = 0
-        self.tg: anyio.abc.TaskGroup | None = None  # where workers start (None: pulling)
+        # Set to have run() start ``adding`` more workers (None until it runs: pulling).
+        self.wanted: anyio.Event | None = None
+        self.adding = 0
 
     async def pull(self) -> Message:
         """The next message for ``async for``; the one pulled before is finished (unless
@@ -99,23 +101,36 @@ class Workers:
             self.grow()
 
     def grow(self) -> None:
-        """Start one more worker (up to ``concurrency``; not before :meth:`run`, nor when
-        stopping)."""
-        tg = self.tg
-        if tg is not None and len(self.slots) < self.limit and not self.state.stopping:
+        """Have one more worker started (up to ``concurrency``; not before :meth:`run`, nor
+        when stopping)."""
+        wanted = self.wanted
+        if (
+            wanted is not None
+            and len(self.slots) + self.adding < self.limit
+            and not self.state.stopping
+        ):
             self.coming += 1
-            self.slots.append(None)
-            tg.start_soon(self._worker, len(self.slots) - 1)
+            self.adding += 1
+            wanted.set()
 
     async def run(self) -> None:
         self.slots = []
         with anyio.CancelScope() as scope:
             self.scope = scope
             async with anyio.create_task_group() as tg:
-                self.tg = tg
+                # Workers start here, in this task: a read arrives in a transport callback,
+                # outside any task, where a task group cannot start one (under a plain
+                # asyncio.run() the task was never run).
+                self.wanted = anyio.Event()
                 if self.queue:  # queued before the start
                     self.grow()
-                await anyio.sleep_forever()  # the workers' home until the stop cancels it
+                while True:
+                    await self.wanted.wait()
+                    self.wanted = anyio.Event()
+                    while self.adding:
+                        self.adding -= 1
+                        self.slots.append(None)
+                        tg.start_soon(self._worker, len(self.slots) - 1)
 
     async def _worker(self, slot: int) -> None:
         # The async-handler hot path: no task, future or event per message. The handler's

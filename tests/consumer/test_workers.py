@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -109,3 +110,32 @@ async def test_messages_queued_before_the_start_get_a_worker() -> None:
     async with running(p):
         await wait_all_tasks_blocked()
         assert handled == [b"a", b"b"] and len(p.workers.slots) == 1
+
+
+def test_a_read_in_a_transport_callback_under_asyncio_run_gets_a_worker() -> None:
+    # Reads come in the transport's callbacks, outside any task: a worker started right
+    # there under plain asyncio.run() was never run (found by bench.consume).
+    async def main() -> tuple[int, int]:
+        handled: list[bytes] = []
+        both = anyio.Event()
+
+        async def handle(message: Message) -> None:
+            handled.append(message.body)
+            if len(handled) == 2:
+                both.set()
+
+        p = Parts(handle)
+        sub, conn = p.subscribe()
+        sub.set_rdy(10)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(p.workers.run)
+            await wait_all_tasks_blocked()
+            loop = asyncio.get_running_loop()
+            loop.call_soon(conn.on_messages, *read((mid(1), 1, b"a"), (mid(2), 1, b"b")))
+            with anyio.fail_after(5):
+                await both.wait()
+            p.state.stopping = True
+            p.workers.cancel()
+        return len(handled), len(p.workers.slots)
+
+    assert asyncio.run(main()) == (2, 1)
