@@ -12,6 +12,8 @@ import anyio
 import click
 
 from smartnsq import Consumer, Message
+from smartnsq.cli.buffers import RESERVED as BUFFER_FLAGS
+from smartnsq.cli.buffers import buffer_options, consumer_buffer_options
 from smartnsq.cli.options import Common, common, common_options
 from smartnsq.cli.output import configure_logging, print_json
 from smartnsq.cli.reach import check_reachable
@@ -33,6 +35,7 @@ RESERVED = {
     "tls": "--tls",
     "auth_secret": "--auth-secret",
     "max_in_flight": "--max-in-flight",
+    **BUFFER_FLAGS,
 }
 
 
@@ -80,6 +83,7 @@ def topic_list(args: tuple[str, ...], flags: tuple[str, ...]) -> list[str]:
     metavar="NAME=VALUE",
     help="Any other Consumer keyword (e.g. snappy=true, sample_rate=10); repeatable.",
 )
+@buffer_options
 @common_options
 def command(
     topics: tuple[str, ...],
@@ -90,6 +94,8 @@ def command(
     show_meta: bool,
     max_in_flight: int,
     consumer_opts: tuple[str, ...],
+    output_buffer_timeout: str | None,
+    output_buffer_size: str | None,
 ) -> int:
     """Print the messages of TOPICs as they arrive, one per line.
 
@@ -106,6 +112,7 @@ def command(
         # More in flight than wanted would only be requeued at the end.
         max_in_flight = min(max_in_flight, count)
     extra = pass_through("--consumer-opt", consumer_opts, Consumer, RESERVED)
+    extra.update(consumer_buffer_options(output_buffer_timeout, output_buffer_size))
     client = options.client_options()
     printer = _Printer(options, count, print_topic, show_meta)
 

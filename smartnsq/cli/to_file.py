@@ -11,6 +11,7 @@ import anyio
 import click
 
 from smartnsq import Consumer, Message, serve
+from smartnsq.cli.buffers import buffer_options, consumer_buffer_options
 from smartnsq.cli.options import CliError, Common, common, common_options
 from smartnsq.cli.output import configure_logging, print_json
 from smartnsq.cli.reach import check_reachable
@@ -127,6 +128,7 @@ _RESERVED = {**RESERVED, "concurrency": "--max-in-flight"}
     metavar="NAME=VALUE",
     help="Any other Consumer keyword (e.g. max_attempts=10); repeatable.",
 )
+@buffer_options
 @common_options
 def command(
     topics: tuple[str, ...],
@@ -147,6 +149,8 @@ def command(
     sync_interval: str,
     max_in_flight: int,
     consumer_opts: tuple[str, ...],
+    output_buffer_timeout: str | None,
+    output_buffer_size: str | None,
 ) -> int:
     """Write the messages of TOPICs to files in DIR, one line each, one file per hour.
 
@@ -180,6 +184,7 @@ def command(
         except OSError as exc:
             raise CliError(f"cannot create {flag} {path}: {exc.strerror}") from None
     extra = pass_through("--consumer-opt", consumer_opts, Consumer, _RESERVED)
+    extra.update(consumer_buffer_options(output_buffer_timeout, output_buffer_size))
     client = options.client_options()
     archive = _Archive(options, sync)
 

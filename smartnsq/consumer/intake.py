@@ -127,9 +127,8 @@ class Intake:
                     self.answers.give_up(msg)
                 else:
                     append(msg)
-            idle = self.workers.idle
-            if idle and queue:
-                idle.wake_one()
+            if queue:
+                self.workers.wake()
             return
         batch = []
         for _, start, end in spans:
@@ -187,8 +186,7 @@ class Intake:
                 self.answers.give_back(msg)
             elif not idle.run_as_worker(workers.handle_now, msg):
                 workers.queue.append(msg)
-                if idle:
-                    idle.wake_one(eager=True)
+                workers.wake(eager=True)
 
     def on_message(self, sub: Subscription, msg: Message) -> bool:
         """Account for one decoded message; True when it is for the handler threads."""
@@ -235,8 +233,7 @@ class Intake:
             self.sink(msg)
             return False
         workers.queue.append(msg)
-        if workers.idle:
-            workers.idle.wake_one(eager=sub.ordered)
+        workers.wake(eager=sub.ordered)
         return False
 
     def check_order(self, sub: Subscription, msg: Message) -> None:
