@@ -16,7 +16,7 @@ import anyio.abc
 
 from smartnsq._checks import FORKS, get_ident, owner, wrong_owner
 from smartnsq.connection import Connection
-from smartnsq.errors import NSQError
+from smartnsq.errors import NSQError, NSQTimeout
 from smartnsq.lookup.model import TopicLayout
 from smartnsq.publish_io import AsyncPublisher
 from smartnsq.publishing import (
@@ -113,9 +113,14 @@ class Producer(AsyncPublisher[_Node]):
 
     async def _refresh(self, topic: str, deadline: float) -> TopicLayout:
         assert self._lookup is not None
-        return await self._lookup.refresh(topic, "w")
+        try:
+            with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+                return await self._lookup.refresh(topic, "w")
+        except TimeoutError:
+            raise NSQTimeout(f"lookup of {topic!r} did not finish in time") from None
 
     async def _node_connection(self, node: _Node, deadline: float) -> Connection:
+        # The deadline is _bound's: its cancel scope covers the wait for the lock and opening.
         conn = node.reusable(self._per_node)
         if conn is not None:
             return conn
