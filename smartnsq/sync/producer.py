@@ -72,16 +72,16 @@ class Producer(SyncPublisher[_Node]):
             for conn in list(node.connections):
                 conn.close()
 
+    # -- the publisher's hooks -------------------------------------------------------------------
+
     def _check_usable(self) -> None:
         if self._closed:
-            raise NSQError("this Producer is closed")
+            raise self._not_open()
         if self._forks != FORKS[0]:  # cheaper than os.getpid() on every publish
             raise UsedAfterFork(
                 "this Producer was created in the parent process and cannot be used after "
                 "fork(): its connections belong to the parent; create a new Producer in the child"
             )
-
-    # -- the publisher's hooks -------------------------------------------------------------------
 
     def _not_open(self) -> NSQError:
         return NSQError("this Producer is closed")
