@@ -1,42 +1,29 @@
 """The publishing front door: :class:`Producer` (async).
 
-Settings, planning, routing and node health are :class:`~smartnsq.publishing.ProducerCore`'s,
-shared with the blocking :class:`smartnsq.sync.Producer`; this module sends and waits.
+Publishing, sending and retrying are :class:`~smartnsq.publish_io.AsyncPublisher`'s (the one
+source the blocking :class:`smartnsq.sync.Producer`'s code is generated from); settings,
+planning, routing and node health are :class:`~smartnsq.publishing.ProducerCore`'s. This
+module holds what only the async producer does: the event loop it belongs to, the task group
+its connections run in, opening a connection and asking lookupd.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from contextlib import AbstractContextManager
 
 import anyio
 import anyio.abc
 
 from smartnsq._checks import FORKS, get_ident, owner, wrong_owner
 from smartnsq.connection import Connection
-from smartnsq.errors import (
-    ConnectionClosed,
-    NoNsqdAvailable,
-    NSQError,
-    NSQTimeout,
-    ServerError,
-    TopicNotFound,
-)
-from smartnsq.ordered.sharding import ShardingKey
-from smartnsq.protocol.message import PublishResult
-from smartnsq.publish_plan import ManyHeaders
+from smartnsq.errors import NSQError, NSQTimeout
+from smartnsq.lookup.model import TopicLayout
+from smartnsq.publish_io import AsyncPublisher
 from smartnsq.publishing import (
     DEFAULT_MAX_BODY_SIZE,
     DEFAULT_MAX_MESSAGE_SIZE,
-    BatchRun,
-    Build,
     Node,
-    ProducerCore,
-    Request,
-    check_server,
     emit_publish,
-    mpub_count,
-    timeout_error,
 )
 
 __all__ = ["DEFAULT_MAX_BODY_SIZE", "DEFAULT_MAX_MESSAGE_SIZE", "Producer", "emit_publish"]
@@ -45,7 +32,7 @@ __all__ = ["DEFAULT_MAX_BODY_SIZE", "DEFAULT_MAX_MESSAGE_SIZE", "Producer", "emi
 _Node = Node[Connection, anyio.Lock]
 
 
-class Producer(ProducerCore[_Node]):
+class Producer(AsyncPublisher[_Node]):
     """Publishes messages to one or more nsqd.
 
     Use it as an async context manager:
@@ -75,9 +62,6 @@ class Producer(ProducerCore[_Node]):
     def _new_node(self, address: str) -> _Node:
         return Node(address, anyio.Lock())
 
-    def _now(self) -> float:
-        return anyio.current_time()
-
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def __aenter__(self) -> Producer:
@@ -88,6 +72,7 @@ class Producer(ProducerCore[_Node]):
             await self._lookup.__aenter__()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        self._open = True
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -101,6 +86,7 @@ class Producer(ProducerCore[_Node]):
         if self._closed:
             return
         self._closed = True
+        self._open = False
         with anyio.CancelScope(shield=True):
             for node in self._by_address.values():
                 for conn in list(node.connections):
@@ -111,377 +97,30 @@ class Producer(ProducerCore[_Node]):
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
 
-    # -- publishing ------------------------------------------------------------------------------
+    # -- the publisher's hooks -------------------------------------------------------------------
 
-    async def is_ext_topic(self, topic: str) -> bool:
-        """Whether ``topic`` carries Youzan ext headers (JSON ``headers=``), as lookupd's
-        topic metadata says; asked once and cached like the topic's layout.
-
-        Args:
-            topic: The topic.
-
-        Returns:
-            True for a Youzan ext topic; False for any other, for a topic no lookupd knows
-            yet, and for a Producer without ``lookupd_http_addresses`` (nothing to ask).
-
-        Raises:
-            InvalidTopic: A bad topic name.
-            LookupFailed: No lookupd answered.
-        """
-        self._check_topic(topic)
-        if self._lookup is None:
-            return False
-        layout = self._lookup.cached(topic, "w")
-        if layout is None:
-            try:
-                layout = await self._lookup.refresh(topic, "w")
-            except TopicNotFound:
-                return False
-        return self._ext_layout(layout)
-
-    async def publish(
-        self,
-        topic: str,
-        body: bytes,
-        *,
-        delay: float | None = None,
-        partition: int | None = None,
-        sharding_key: ShardingKey | None = None,
-        trace_id: int | None = None,
-        headers: Mapping[str, Any] | None = None,
-        tag: str | None = None,
-        timeout: float | None = None,
-    ) -> PublishResult | None:
-        """Publish one message and return once nsqd has acknowledged it.
-
-        ``delay`` defers delivery (DPUB; classic nsqd only). On a partitioned (Youzan)
-        topic, ``sharding_key`` picks the partition (same key, same partition, in order) and
-        ``partition`` names one outright; otherwise partitions take turns.
-        ``trace_id`` (or tracing switched on for the topic with ``producer.trace``) sends a
-        traced publish and returns a [`PublishResult`][smartnsq.PublishResult]; ``headers``
-        sends the JSON ext header of an ext topic. Plain publishes return ``None``.
-        On a connection failure, or a server error that is safe to retry, it is retried (up
-        to ``max_retries``, within ``timeout``), on another nsqd when there is one.
-
-        Args:
-            topic: The topic (NSQ's naming rules).
-            body: The message: bytes or any other bytes-like object (bytearray,
-                memoryview, ...); its bytes are sent. Not empty, at most
-                ``max_message_size`` bytes.
-            delay: Seconds before nsqd delivers it (DPUB; classic nsqd only), at most the
-                Producer's ``max_delay``. Not combined with ``trace_id`` or ``headers``.
-            partition: Youzan: the partition to publish to.
-            sharding_key: Youzan: a key (bytes, str or int) that picks the partition with the
-                Producer's ``sharding`` mapping: the same key always goes to the same
-                partition, so its messages keep their order.
-            trace_id: Youzan: publish traced (``PUB_TRACE``) with this trace id (an int in
-                ``[0, 2**64)``) and return a [`PublishResult`][smartnsq.PublishResult].
-            headers: Youzan ext topics: the JSON ext header (a mapping of JSON values),
-                sent with ``PUB_EXT``.
-            timeout: Seconds this call may take, retries included; default: the Producer's
-                ``timeout``.
-            tag: dispatch tag of the message (Youzan ext topics): only consumers whose
-                ``desired_tag`` is the same receive it (untagged consumers while none is
-                connected). 1-100 ASCII letters, digits, ``_`` or ``-``; sent as the ext
-                header ``##client_dispatch_tag``. A topic that is not an ext topic refuses
-                it with [`ExtNotSupported`][smartnsq.errors.ExtNotSupported].
-
-        Returns:
-            A [`PublishResult`][smartnsq.PublishResult] (partition, internal id, offset) for
-                a traced publish, else None.
-
-        Raises:
-            NSQTimeout: No answer within ``timeout``: the message may or may not have been
-                published.
-            MessageTooLarge: ``body`` is larger than ``max_message_size``; nothing was sent.
-            InvalidArgument: A bad argument (an empty body, a delay out of range, a
-                partition that does not exist); nothing was sent.
-            InvalidType: An argument of the wrong type; nothing was sent.
-            NotSupported: ``delay`` on a Youzan nsqd, or ``partition`` on a classic one;
-                nothing was sent.
-            NoNsqdAvailable: No nsqd could take the message (all down, or none listed).
-            ServerError: nsqd refused the message and a retry cannot help (or the retries
-                ran out).
-            ConnectionClosed: The connection failed and the retries ran out.
-        """
+    def _check_usable(self) -> None:
         if self._thread != get_ident() or self._forks != FORKS[0]:
             wrong_owner("Producer", self._thread, self._forks)
-        plan = self._plan_publish(
-            topic, body, delay, partition, sharding_key, trace_id, headers, timeout, tag
-        )
-        try:
-            if type(plan) is bytes:
-                await self._send(plan, timeout)
-                return None
-            assert isinstance(plan, Request)
-            answer, address, part = await self._send_routed(
-                topic,
-                plan.build,
-                partition,
-                sharding_key,
-                timeout,
-                deferred=plan.deferred,
-                ext=plan.ext,
-            )
-        except NSQError:
-            self._failed += 1
-            raise
-        return self._result(topic, plan, answer, address, part)
 
-    async def publish_many(
-        self,
-        topic: str,
-        bodies: Iterable[bytes],
-        *,
-        partition: int | None = None,
-        sharding_key: ShardingKey | None = None,
-        trace_ids: Sequence[int] | None = None,
-        tags: Sequence[str | None] | None = None,
-        timeout: float | None = None,
-        headers: ManyHeaders = None,
-    ) -> list[PublishResult] | None:
-        """Publish several messages with MPUB, split into as few batches as nsqd accepts.
+    def _not_open(self) -> NSQError:
+        return NSQError("use the Producer inside 'async with Producer(...)' (or it is closed)")
 
-        Batches go out in order, all to one partition. If one fails after earlier ones
-        succeeded, [`PartialPublish`][smartnsq.errors.PartialPublish] says how many messages were
-        acknowledged. With ``trace_ids`` (one per message; generated when tracing is on for the
-        topic) it sends MPUB_TRACE and returns one [`PublishResult`][smartnsq.PublishResult]
-        per batch.
+    def _bound(self, limit: float) -> AbstractContextManager[object]:
+        # A request past the deadline raises NSQTimeout itself (and so names its connection);
+        # this outer bound covers connecting and lookups.
+        return anyio.fail_after(limit + 0.2)
 
-        Args:
-            topic: The topic (NSQ's naming rules).
-            bodies: The messages, an iterable of bytes-like objects (at least one; each
-                non-empty and at most ``max_message_size`` bytes). Split into as few MPUBs
-                as fit ``max_body_size``.
-            partition: Youzan: the partition to publish to.
-            sharding_key: Youzan: a key that picks the partition (see
-                [`publish`][smartnsq.Producer.publish]); every message goes to it.
-            trace_ids: Youzan: one trace id per message; the batches go out as
-                ``MPUB_TRACE``.
-            timeout: Seconds each batch may take, retries included; default: the
-                Producer's ``timeout``.
-            tags: one dispatch tag (or ``None``) per message, as ``trace_ids`` gives one
-                trace id per message; sent with MPUB_EXT (see ``tag`` of ``publish``).
-                Cannot be combined with ``trace_ids``.
-            headers: Youzan ext topics: the JSON ext header of every message (one mapping),
-                or one mapping (or ``None``) per message; sent with MPUB_EXT. Cannot be
-                combined with ``trace_ids``.
-
-        Returns:
-            For a traced publish (``trace_ids`` given, or tracing on for the topic), one
-                [`PublishResult`][smartnsq.PublishResult] per batch (ids and offset of its
-                first message); else None.
-
-        Raises:
-            PartialPublish: A later batch failed after earlier ones were acknowledged:
-                ``published`` says how many messages were.
-            NSQTimeout: No answer within ``timeout``: the failed batch may or may not have
-                been published.
-            MessageTooLarge: A body is larger than ``max_message_size``; nothing was sent.
-            InvalidArgument: A bad argument (no message, an empty body, a wrong number of
-                trace ids); nothing was sent.
-            InvalidType: An argument of the wrong type (a single body instead of a list);
-                nothing was sent.
-            NoNsqdAvailable: No nsqd could take the batch.
-            ServerError: nsqd refused the first batch and a retry cannot help.
-            ConnectionClosed: The connection failed and the retries ran out.
-        """
-        if self._thread != get_ident() or self._forks != FORKS[0]:
-            wrong_owner("Producer", self._thread, self._forks)
-        plan = self._plan_many(
-            topic, bodies, partition, sharding_key, trace_ids, timeout, tags, headers
-        )
-        if type(plan) is bytes:
-            count = len(bodies) if type(bodies) is list else mpub_count(topic, plan)
-            try:
-                await self._send(plan, timeout, count)
-            except NSQError:
-                self._failed += count
-                raise
-            return None
-        assert not isinstance(plan, bytes)
-        run = BatchRun(self, topic, plan)
-        for request in plan.requests:
-            try:
-                if plan.routed:
-                    sent = await self._send_routed(
-                        topic,
-                        request.build,
-                        partition,
-                        sharding_key,
-                        timeout,
-                        count=request.count,
-                        ext=request.ext,
-                    )
-                else:  # plain batches: no route, no answer to read
-                    sent = await self._send(request.build(None), timeout, request.count), "", None
-            except NSQError as exc:
-                raise run.failed(exc)  # noqa: B904 - it sets the cause
-            run.answered(request, *sent)
-        return run.results()
-
-    # -- internals -------------------------------------------------------------------------------
-
-    async def _send(self, data: bytes, timeout: float | None, count: int = 1) -> bytes:
-        """Plain publish of ``count`` messages to the configured nsqd (no routing): the fast
-        path."""
-        if self._tg is None or self._closed:
-            raise NSQError("use the Producer inside 'async with Producer(...)' (or it is closed)")
-        limit = self.timeout if timeout is None else timeout
-        conn = self._ready_connection()
-        if conn is not None:
-            node = self._direct[0]
-            try:
-                answer = await conn.request(data, publish=True, timeout=limit)
-            except NSQTimeout:
-                self._suspect(node, conn)
-                raise timeout_error(limit) from None
-            except (ConnectionClosed, ServerError) as exc:
-                node.errors += 1
-                self._check_retryable(exc, conn)
-                self._retried += 1  # by the slow path below
-            else:
-                node.answered(count)
-                return answer
-        answer, _, _ = await self._send_routed(
-            None, lambda p: data, None, None, timeout, count=count
-        )
-        return answer
-
-    def _ready_connection(self) -> Connection | None:
-        return self._direct[0].reusable(self._per_node) if len(self._direct) == 1 else None
-
-    def _check_retryable(self, exc: Exception, conn: Connection | None) -> None:
-        if self._retry_action(exc) and conn is not None and self._tg is not None:
-            self._tg.start_soon(conn.close, 0.0)
-
-    async def _send_routed(
-        self,
-        topic: str | None,
-        build: Build,
-        partition: int | None,
-        key: ShardingKey | None,
-        timeout: float | None,
-        *,
-        deferred: bool = False,
-        count: int = 1,
-        ext: bool = False,
-    ) -> tuple[bytes, str, int | None]:
-        """Route, send, retry ``count`` messages. Returns (answer, nsqd address, partition)."""
-        if self._tg is None or self._closed:
-            raise NSQError("use the Producer inside 'async with Producer(...)' (or it is closed)")
-        limit = self.timeout if timeout is None else timeout
-        # Fast path: the route is cached and its connection is up; no timer, no retry state.
-        layout = self._lookup.cached(topic, "w") if self._lookup and topic else None
-        route: tuple[str, int | None] | None = None
-        if layout is not None and topic is not None and not deferred:
-            conn = None
-            node = None
-            try:
-                route = address, part = self._pick(topic, partition, key, layout)
-                node = self._by_address.get(address)
-                conn = node.reusable(self._per_node) if node is not None else None
-                if (
-                    node is not None
-                    and conn is not None
-                    and (part is None or layout.partitioned)  # else refused below
-                    and (not ext or conn.features.youzan)
-                ):
-                    answer = await conn.request(build(part), publish=True, timeout=limit)
-                    node.answered(count)
-                    return answer, address, part
-            except NSQTimeout:
-                if node is not None and conn is not None:
-                    self._suspect(node, conn)
-                raise timeout_error(limit) from None
-            except (ConnectionClosed, ServerError, NoNsqdAvailable) as exc:
-                sent = node is not None and conn is not None
-                if node is not None and sent:
-                    node.errors += 1
-                self._check_retryable(exc, conn)
-                if sent:  # the slow path below sends it again
-                    self._retried += 1
-                route = None  # it failed: route afresh
-        deadline = anyio.current_time() + limit
-        try:
-            # A request past the deadline raises NSQTimeout itself (and so names its
-            # connection); this outer bound covers connecting and lookups.
-            with anyio.fail_after(limit + 0.2):
-                return await self._send_with_retries(
-                    topic, build, partition, key, deferred, ext, route, deadline, count
-                )
-        except (TimeoutError, NSQTimeout):
-            raise timeout_error(limit) from None
-
-    async def _send_with_retries(
-        self,
-        topic: str | None,
-        build: Build,
-        partition: int | None,
-        key: ShardingKey | None,
-        deferred: bool,
-        ext: bool,
-        route: tuple[str, int | None] | None,
-        deadline: float,
-        count: int,
-    ) -> tuple[bytes, str, int | None]:
-        attempt = 0
-        refresh = False
-        while True:
-            if attempt:
-                self._retried += 1
-            conn: Connection | None = None
-            try:
-                if self._lookup is not None and topic is not None:
-                    if route is not None:  # already picked (and counted) by the fast path
-                        (address, part), route = route, None
-                    else:
-                        address, part = await self._route(topic, partition, key, refresh)
-                    node = self._node(address)
-                    conn = await self._node_connection(node)
-                else:
-                    node, conn = await self._acquire()
-                    part = partition
-                check_server(conn.features, conn.address, part, deferred, ext)
-                try:
-                    answer = await conn.request(
-                        build(part), publish=True, timeout=deadline - anyio.current_time()
-                    )
-                except NSQTimeout:
-                    self._suspect(node, conn)
-                    raise
-                except (ConnectionClosed, ServerError):
-                    node.errors += 1
-                    raise
-                node.answered(count)
-                return answer, conn.address, part
-            except (ConnectionClosed, NoNsqdAvailable, ServerError) as exc:
-                self._check_retryable(exc, conn)
-                refresh = True
-                attempt += 1
-                await anyio.sleep(self._next_attempt(exc, attempt))
-
-    async def _route(
-        self, topic: str, partition: int | None, key: ShardingKey | None, refresh: bool
-    ) -> tuple[str, int | None]:
-        """Pick the nsqd (and partition) for one publish from the write lookup."""
+    async def _refresh(self, topic: str, deadline: float) -> TopicLayout:
         assert self._lookup is not None
-        layout = None if refresh else self._lookup.cached(topic, "w")
-        if layout is None:
-            layout = await self._lookup.refresh(topic, "w")
-        return self._pick(topic, partition, key, layout)
+        try:
+            with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+                return await self._lookup.refresh(topic, "w")
+        except TimeoutError:
+            raise NSQTimeout(f"lookup of {topic!r} did not finish in time") from None
 
-    async def _acquire(self) -> tuple[_Node, Connection]:
-        """A connection to the next healthy configured nsqd, round-robin; opens one if needed."""
-        last: Exception | None = None
-        for node in self._direct_candidates():
-            try:
-                return node, await self._node_connection(node)
-            except ConnectionClosed as exc:
-                last = exc
-        raise NoNsqdAvailable(f"no nsqd reachable; last error: {last}") from last
-
-    async def _node_connection(self, node: _Node) -> Connection:
+    async def _node_connection(self, node: _Node, deadline: float) -> Connection:
+        # The deadline is _bound's: its cancel scope covers the wait for the lock and opening.
         conn = node.reusable(self._per_node)
         if conn is not None:
             return conn
@@ -499,8 +138,13 @@ class Producer(ProducerCore[_Node]):
             self._tg.start_soon(conn.run)
             return conn
 
+    def _discard(self, node: _Node, conn: Connection, close: bool, exc: Exception) -> None:
+        # A lost connection forgets itself (on_close); one to close is closed in the background.
+        if close and self._tg is not None:
+            self._tg.start_soon(conn.close, 0.0)
+
     def _suspect(self, node: _Node, conn: Connection) -> None:
-        """A request timed out: send nothing more through ``conn``, and avoid its nsqd."""
         self._timed_out(node)
         if not conn.retiring and self._tg is not None:
+            # Its answer may still come: give it the Producer's timeout before closing.
             self._tg.start_soon(conn.close, self.timeout)

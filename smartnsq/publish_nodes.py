@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Sequence
 from typing import Any, Generic, Protocol, TypeVar
+
+from smartnsq.errors import NotSupported
+from smartnsq.observe.stats import ProducerNodeStats, ProducerStats
+from smartnsq.protocol.handshake import Features
 
 log = logging.getLogger("smartnsq.producer")
 
@@ -182,3 +187,48 @@ def rank(node: Node[Any, Any] | None, now: float, stall_after: float) -> tuple[i
         if since < oldest:
             oldest = since
     return (1 if now - oldest > stall_after else 0), pending
+
+
+def check_server(
+    features: Features, address: str, part: int | None, deferred: bool, ext: bool = False
+) -> None:
+    """Refuse, before sending, what this kind of nsqd cannot do."""
+    if ext and not features.youzan:
+        raise NotSupported(
+            f"nsqd {address} is a classic nsqd, which has no ext headers; publish without "
+            "headers, tag(s) and compression (compress_topics)"
+        )
+    if deferred and features.youzan:
+        raise NotSupported(
+            f"nsqd {address} is a Youzan HA server, which has no deferred "
+            "publish (DPUB); publish without delay"
+        )
+    if part is not None and not features.youzan:
+        raise NotSupported(
+            f"nsqd {address} is a classic nsqd, which has no partitions; publish without partition="
+        )
+
+
+def producer_stats(nodes: Sequence[Node[Any, Any]], failed: int, retried: int) -> ProducerStats:
+    """A producer's counters, in total and per nsqd (``failed``, ``retried``: its own)."""
+    per = {}
+    for node in nodes:
+        connections, pending = node.load()
+        per[node.address] = ProducerNodeStats(
+            address=node.address,
+            published=node.published,
+            requests=node.requests,
+            errors=node.errors,
+            connections=connections,
+            pending=pending,
+            down=node.failures > 0,
+        )
+    every = per.values()
+    return ProducerStats(
+        published=sum(n.published for n in every),
+        requests=sum(n.requests for n in every),
+        failed=failed,
+        retried=retried,
+        connections=sum(n.connections for n in every),
+        nodes=per,
+    )

@@ -16,7 +16,14 @@ from functools import partial
 from typing import Any
 
 from smartnsq._checks import check_delay, check_timeout
-from smartnsq.errors import InvalidArgument, InvalidType, MessageTooLarge
+from smartnsq.errors import (
+    InvalidArgument,
+    InvalidType,
+    MessageTooLarge,
+    NSQError,
+    NSQTimeout,
+    PartialPublish,
+)
 from smartnsq.ordered.sharding import ShardingKey, key_bytes
 from smartnsq.protocol import commands
 from smartnsq.protocol.compress import COMPRESS_KEY, SIZE_KEY, compress_body
@@ -458,3 +465,19 @@ class PublishPlanner:
         if result is not None and self.trace.enabled(topic):
             emit_publish(topic, part, address, result, count=request.count)
         return result
+
+
+def timeout_error(limit: float) -> NSQTimeout:
+    return NSQTimeout(
+        f"publish not acknowledged within {limit}s; it may or may not have been published"
+    )
+
+
+def batch_failed(exc: NSQError, done: int, total: int) -> NSQError:
+    """What a publish_many raises when a batch fails after ``done`` messages were
+    acknowledged: the error itself if none were, else :class:`PartialPublish`."""
+    if done == 0:
+        return exc
+    err = PartialPublish(f"published {done} of {total} messages, then a batch failed: {exc}", done)
+    err.__cause__ = exc
+    return err

@@ -6,8 +6,10 @@ policies: how a call becomes requests (planned by :class:`~smartnsq.publish_plan
 where a request goes (:meth:`ProducerCore._pick`, nsqd that failed are avoided), which
 connection takes it (:meth:`ProducerCore._reusable`), what an answer, a lost connection or
 a timeout means for a node, and what an error means for a retry
-(:meth:`ProducerCore._retry_action`). It does no I/O and reads no clock itself: the front
-doors (:class:`smartnsq.Producer`, :class:`smartnsq.sync.Producer`) send, wait and retry.
+(:meth:`ProducerCore._retry_action`). It does no I/O and reads no clock itself: sending,
+waiting and retrying are :class:`~smartnsq.publish_io.AsyncPublisher`'s (and its generated
+blocking twin's), over the front doors (:class:`smartnsq.Producer`,
+:class:`smartnsq.sync.Producer`).
 """
 
 from __future__ import annotations
@@ -36,8 +38,6 @@ from smartnsq.errors import (
     NoNsqdAvailable,
     NotSupported,
     NSQError,
-    NSQTimeout,
-    PartialPublish,
     ProtocolError,
     Retry,
     ServerError,
@@ -45,20 +45,22 @@ from smartnsq.errors import (
 from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import TopicLayout
-from smartnsq.observe.stats import ProducerNodeStats, ProducerStats
+from smartnsq.observe.stats import ProducerStats
 from smartnsq.ordered.sharding import Sharder, ShardingKey, sharder_for
 from smartnsq.protocol.compress import DEFAULT_MIN_SIZE, check_codec
-from smartnsq.protocol.handshake import ConnectionConfig, Features, parse_address
+from smartnsq.protocol.handshake import ConnectionConfig, parse_address
 from smartnsq.protocol.message import PublishResult
 from smartnsq.protocol.names import validate_topic
-from smartnsq.publish_nodes import Conn, Node, NodeHealth, rank
+from smartnsq.publish_nodes import Conn, Node, NodeHealth, check_server, producer_stats, rank
 from smartnsq.publish_plan import (
     Batches,
     Build,
     PublishPlanner,
     Request,
+    batch_failed,
     emit_publish,
     mpub_count,
+    timeout_error,
 )
 from smartnsq.trace import TraceSwitch
 
@@ -86,32 +88,6 @@ DEFAULT_MAX_BODY_SIZE = 5 * 1024 * 1024  # nsqd --max-body-size default
 # nsqd answers a publish at once; one unanswered this long (or a tenth of the timeout) means
 # the node has most likely stopped answering.
 _STALL_MAX = 0.5
-
-
-def timeout_error(limit: float) -> NSQTimeout:
-    return NSQTimeout(
-        f"publish not acknowledged within {limit}s; it may or may not have been published"
-    )
-
-
-def check_server(
-    features: Features, address: str, part: int | None, deferred: bool, ext: bool = False
-) -> None:
-    """Refuse, before sending, what this kind of nsqd cannot do."""
-    if ext and not features.youzan:
-        raise NotSupported(
-            f"nsqd {address} is a classic nsqd, which has no ext headers; publish without "
-            "headers, tag(s) and compression (compress_topics)"
-        )
-    if deferred and features.youzan:
-        raise NotSupported(
-            f"nsqd {address} is a Youzan HA server, which has no deferred "
-            "publish (DPUB); publish without delay"
-        )
-    if part is not None and not features.youzan:
-        raise NotSupported(
-            f"nsqd {address} is a classic nsqd, which has no partitions; publish without partition="
-        )
 
 
 N = TypeVar("N", bound=Node[Any, Any])
@@ -327,27 +303,7 @@ class ProducerCore(PublishPlanner, Generic[N]):
         Returns:
             A :class:`~smartnsq.ProducerStats` snapshot.
         """
-        nodes = {}
-        for node in list(self._by_address.values()):
-            connections, pending = node.load()
-            nodes[node.address] = ProducerNodeStats(
-                address=node.address,
-                published=node.published,
-                requests=node.requests,
-                errors=node.errors,
-                connections=connections,
-                pending=pending,
-                down=node.failures > 0,
-            )
-        every = nodes.values()
-        return ProducerStats(
-            published=sum(n.published for n in every),
-            requests=sum(n.requests for n in every),
-            failed=self._failed,
-            retried=self._retried,
-            connections=sum(n.connections for n in every),
-            nodes=nodes,
-        )
+        return producer_stats(list(self._by_address.values()), self._failed, self._retried)
 
     @staticmethod
     def _ext_layout(layout: TopicLayout) -> bool:
@@ -528,13 +484,3 @@ class BatchRun:
 
     def results(self) -> list[PublishResult] | None:
         return self._results if self._plan.traced else None
-
-
-def batch_failed(exc: NSQError, done: int, total: int) -> NSQError:
-    """What a publish_many raises when a batch fails after ``done`` messages were
-    acknowledged: the error itself if none were, else :class:`PartialPublish`."""
-    if done == 0:
-        return exc
-    err = PartialPublish(f"published {done} of {total} messages, then a batch failed: {exc}", done)
-    err.__cause__ = exc
-    return err

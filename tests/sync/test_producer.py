@@ -300,3 +300,46 @@ def test_a_failed_later_batch_reports_how_many_were_published(cluster_factory):
             producer.publish_many(topic, [b"B" * 600])
         assert not isinstance(first.value, PartialPublish)
     assert stored(nsqd.http, topic) == 5
+
+
+def test_a_connection_that_broke_under_a_publish_is_replaced_at_once():
+    """As in the async Producer (one publishing code): a publish on a pooled connection that
+    nsqd closed goes again at once on a new connection, as one retry, before ``max_retries``
+    (here none) counts; nsqd here closes its first connection at the second PUB."""
+    import socket
+
+    from smartnsq.protocol.frames import FRAME_RESPONSE, encode_frame
+    from tests.fakes import accept_identify
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    pubs: list[int] = []  # which connection each PUB arrived on
+
+    def serve() -> None:
+        for n in (1, 2):
+            sock, _ = server.accept()
+            with sock:
+                data = accept_identify(sock)
+                while True:
+                    while b"PUB " not in data:
+                        chunk = sock.recv(4096)
+                        if not chunk:
+                            return
+                        data += chunk
+                    data = data[data.index(b"PUB ") + 4 :]
+                    pubs.append(n)
+                    if n == 1 and len(pubs) == 2:
+                        break  # the second PUB: close without an answer
+                    sock.sendall(encode_frame(FRAME_RESPONSE, b"OK"))
+                    if n == 2:
+                        return
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with Producer([f"127.0.0.1:{port}"], max_retries=0, timeout=5) as producer:
+        producer.publish("t", b"first")
+        producer.publish("t", b"second")
+        assert producer.stats().retried == 1
+    thread.join(5)
+    server.close()
+    assert pubs == [1, 1, 2]
