@@ -63,10 +63,19 @@ class LogCount(logging.Handler):
 
 
 def run_case(
-    cluster: ProxiedYouzan, kind: str, strike: Strike, heal: Heal, hold: float, name: str
+    cluster: ProxiedYouzan,
+    kind: str,
+    strike: Strike,
+    heal: Heal,
+    hold: float,
+    name: str,
+    relapsed: Callable[[str], bool] | None = None,
 ) -> dict[str, object]:
     """Publish and consume; strike, hold, heal; wait until every key is acknowledged again
-    and everything acknowledged was handled; assert lost == 0 and order violations == 0."""
+    and everything acknowledged was handled; assert lost == 0 and order violations == 0.
+
+    ``relapsed(topic)``: whether the servers undid the heal on their own; then it is done
+    again and recovery is timed from there."""
     topic = unique("ha")
     create_topic(cluster.cluster, topic, partitions=2, replicas=2, ordered=True)
     lookupds = [cluster.public(d.http) for d in cluster.cluster.lookupd]
@@ -90,12 +99,19 @@ def run_case(
         time.sleep(hold)  # the fault's duration, not synchronisation
         healed = heal(topic)
         since = struck if healed is None else healed
-        wait(
-            lambda: book.recovered_after(since) < math.inf,
-            60,
-            "every key acknowledged again",
-            book.summary,
-        )
+        checked = time.monotonic()
+
+        def recovered() -> bool:
+            nonlocal since, checked
+            if book.recovered_after(since) < math.inf:
+                return True
+            if relapsed is not None and time.monotonic() - checked >= 2.0:
+                checked = time.monotonic()
+                if relapsed(topic):
+                    since = heal(topic) or time.monotonic()
+            return False
+
+        wait(recovered, 90, "every key acknowledged again", book.summary)
         time.sleep(1.0)  # a second of normal operation after it
         clients.stop_publishing()
         cluster.heal()  # drain without toxics
@@ -183,7 +199,16 @@ def test_b_leader_stopped_a_replica_takes_over_with_latency(proxied_youzan, kind
         restore_writable(cluster.cluster, topic)
         return time.monotonic()
 
-    result = run_case(cluster, kind, stop_leader, take_over, 0.0, "leader stopped")
+    def relapsed(topic: str) -> bool:
+        # after the takeover the fork may list the new leader as writable, then refuse it
+        # again while it has too few replicas in sync ("no enough ISR"); an operator then
+        # re-triggers the topic check, as take_over does
+        writable = lookup(cluster.public(cluster.cluster.lookupd[0].http), topic, "w")
+        return len(writable.get("partitions") or {}) < 2
+
+    result = run_case(
+        cluster, kind, stop_leader, take_over, 0.0, "leader stopped", relapsed=relapsed
+    )
     # once the fork made the partition writable: a lookupd poll finds the new leader, a
     # publish (through 300 ms latency) is acknowledged within a publish timeout
     s = SETTINGS
