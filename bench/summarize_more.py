@@ -287,8 +287,10 @@ def scale_section(data: dict[str, Any]) -> str:
         "handler, lookupd_http_addresses=[...], max_in_flight=200)` per topic, then one "
         "`Producer(nsqd_tcp_addresses=[both])` (round-robin); every 0.1 s it calls "
         "`publish_many` with rate/10 bodies for every topic, all topics concurrently. The "
-        "*concurrency=1* row passes `concurrency=1` (one handler task per consumer instead "
-        "of the default min(max_in_flight, 100)). go-nsq: the same shape in `bench/go` "
+        "*concurrency=1* row passes `concurrency=1` (at most one handler task per consumer; "
+        "the default allows min(max_in_flight, 100), started only as messages wait). It "
+        "polls only the consumers not yet subscribed, backing off with the poll's own cost. "
+        "go-nsq: the same shape in `bench/go` "
         "(`scale`), one `Producer` per nsqd used round-robin (a go-nsq Producer is one "
         "connection), `MultiPublishAsync`, GOMAXPROCS=1.",
         "- Start-up: from just before the first Consumer is created to every consumer "

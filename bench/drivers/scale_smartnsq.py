@@ -58,8 +58,13 @@ async def main(a: argparse.Namespace) -> None:
             )
             for t in topics
         ]
-        while any(c.stats().connections < len(nsqd) for c in consumers):
-            await asyncio.sleep(0.01)
+        # Poll only the consumers not yet subscribed, and back off with the poll's own cost:
+        # polling all 1,000 every 10 ms kept the loop busy enough for handshakes to time out.
+        pending = consumers
+        while pending:
+            began = time.perf_counter()
+            pending = [c for c in pending if c.stats().connections < len(nsqd)]
+            await asyncio.sleep(max(0.01, 4 * (time.perf_counter() - began)))
         emit(
             "SUBSCRIBED",
             {"t": time.monotonic(), "connections": sum(c.stats().connections for c in consumers)},

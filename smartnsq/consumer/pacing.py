@@ -93,6 +93,14 @@ class Pacing:
                 for s in subs:
                     s.set_rdy(0)
             return  # the backoff window decides
+        mif, n = state.max_in_flight, len(subs)
+        if mif >= n and not mif % n:
+            # An even share with no remainder and no cap: distribute() would hand every
+            # connection what it has. The common case, checked every few seconds by each of
+            # possibly many consumers: skip the rest.
+            share = mif // n
+            if all(s.rdy == share and s.max_rdy >= share for s in subs):
+                return
         now = time.monotonic()
         options = state.options
         targets = distribute(
