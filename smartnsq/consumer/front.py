@@ -243,7 +243,7 @@ class Consumer:
                 on both sides); else at least 0.001. nsqd allows 0.025 to 30 by default
                 (its ``--min/--max-output-buffer-timeout``) and refuses others at IDENTIFY
                 (logged, and kept in ``last_error``). A low value gets messages to a
-                consumer at a low rate sooner.
+                consumer at a low rate sooner ([low latency][consumer-latency]).
             output_buffer_size: How many bytes nsqd may buffer for this consumer before
                 writing, sent in IDENTIFY. ``None`` (default): nsqd's (16 KiB); ``0``: no
                 buffering (nsqd then also ignores ``output_buffer_timeout``); else at least 64
