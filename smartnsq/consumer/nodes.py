@@ -273,19 +273,26 @@ class Nodes:
         state, options = self.state, self.state.options
         async with self.lookup:
             last = -math.inf
+            failed = 0  # lookups in a row that reached no lookupd
             while not state.stopping:
                 # Rate limit: re-queries triggered by dropped connections wait at least 1 s.
                 await anyio.sleep(max(0.0, last + 1.0 - anyio.current_time()))
                 last = anyio.current_time()
                 self.requery = anyio.Event()
-                await self._query_lookupds()
+                failed = 0 if await self._query_lookupds() else failed + 1
                 j = options.lookupd_poll_jitter
                 wait = options.lookupd_poll_interval * random.uniform(1 - j, 1 + j)
+                if failed:
+                    # No lookupd answered: ask again soon (1, 2, 4 s ...), not a whole poll
+                    # interval later (60 s by default), which a consumer started while its
+                    # lookupds were briefly unreachable (or too busy) spent doing nothing.
+                    wait = min(wait, 2.0 ** min(failed - 1, 10) * random.uniform(0.75, 1.0))
                 with anyio.move_on_after(wait):
                     await self.requery.wait()
 
-    async def _query_lookupds(self) -> None:
+    async def _query_lookupds(self) -> bool:
         """Ask every lookupd at once; connect to new nsqd, drop those no lookupd lists.
+        False when no lookupd answered.
 
         Whatever goes wrong, the nsqd we have stay connected and the next poll tries again.
         """
@@ -294,6 +301,7 @@ class Nodes:
             await self._apply_lookup()
         except LookupFailed as exc:  # every lookupd down: keep what we have
             log.debug("lookup of %s failed: %s", topic, exc)
+            return False
         except Exception as exc:  # a bad answer must not stop consuming
             self.lookup_failures += 1
             level = logging.WARNING if self.lookup_failures == 1 else logging.DEBUG
@@ -302,6 +310,7 @@ class Nodes:
             if self.lookup_failures:
                 log.info("lookup of %s works again", topic)
             self.lookup_failures = 0
+        return True
 
     async def _apply_lookup(self) -> None:
         assert self.lookup is not None

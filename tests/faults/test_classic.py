@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 import time
 
+import anyio
+import anyio.to_thread
 import pytest
 
 from compat.toxiproxy import ProxiedClassic
@@ -176,3 +178,49 @@ def test_one_of_two_lookupds_faulty(proxied_classic, fault, clients):
     assert not record.foreign_errors()
     assert not record.missing()
     print(f"\nlookupd {fault}/{clients}: first message after {took:.2f}s; {record.summary()}")
+
+
+def test_a_consumer_started_while_its_lookupd_refuses_asks_again_soon(proxied_classic):
+    """No lookupd answers a consumer's first lookups: it asks again after 1, 2, 4 s ...
+    (capped by the poll interval), so it subscribes within seconds of the lookupd coming
+    back. It used to wait a whole ``lookupd_poll_interval`` (60 s by default): a process
+    starting 1,000 consumers, whose lookups timed out in the crowd, took 84 s to subscribe."""
+    from smartnsq import Consumer, Message
+    from smartnsq.sync import Producer as SyncProducer
+
+    cluster = proxied_classic(nsqd=1, lookupd=1)
+    topic, channel = unique("lookupd_back"), "ch"
+    create_channel(cluster.cluster.nsqd[0].http, topic, channel)
+    with SyncProducer([cluster.cluster.nsqd[0].tcp]) as producer:
+        producer.publish(topic, b"waiting")  # kept for the channel until it subscribes
+    lookupd = cluster.lookupd_http[0]
+    lookupd.refuse()
+    outage = 1.5  # the fault's duration: a few failed lookups happen in it
+    bound = 4.0 + SLACK  # the back-off step reached by then (<= 4 s), and the connect
+
+    async def main() -> float:
+        got = anyio.Event()
+
+        async def handler(message: Message) -> None:
+            got.set()
+
+        async with Consumer(
+            topic,
+            channel,
+            handler,
+            lookupd_http_addresses=[lookupd.address],
+            lookupd_poll_interval=60.0,
+        ):
+            await anyio.sleep(outage)
+            await anyio.to_thread.run_sync(lookupd.heal)
+            healed = time.monotonic()
+            with anyio.fail_after(bound):
+                await got.wait()
+            return time.monotonic() - healed
+
+    try:
+        took = anyio.run(main)
+    finally:
+        cluster.toxiproxy.heal()
+    print(f"\nsubscribed {took:.2f}s after the lookupd came back")
+    assert took <= bound
