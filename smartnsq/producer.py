@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 import anyio
 import anyio.abc
 
-from smartnsq._checks import FORKS, get_ident, owner, wrong_owner
+from smartnsq._checks import FORKS, owner, wrong_owner
 from smartnsq.connection import Connection
 from smartnsq.errors import NSQError, NSQTimeout
 from smartnsq.lookup.model import TopicLayout
@@ -55,8 +55,9 @@ class Producer(AsyncPublisher[_Node]):
     """
 
     def _setup(self) -> None:
-        self._thread: int | None = None  # owner thread and fork generation, set on entry
+        self._thread = None  # owner thread and fork generation, set on entry
         self._forks = FORKS[0]
+        self._open = False  # until entered
         self._tg: anyio.abc.TaskGroup | None = None
 
     def _new_node(self, address: str) -> _Node:
@@ -100,8 +101,7 @@ class Producer(AsyncPublisher[_Node]):
     # -- the publisher's hooks -------------------------------------------------------------------
 
     def _check_usable(self) -> None:
-        if self._thread != get_ident() or self._forks != FORKS[0]:
-            wrong_owner("Producer", self._thread, self._forks)
+        wrong_owner("Producer", self._thread, self._forks)
 
     def _not_open(self) -> NSQError:
         return NSQError("use the Producer inside 'async with Producer(...)' (or it is closed)")

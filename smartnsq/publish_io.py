@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import anyio
 
+from smartnsq._checks import FORKS, get_ident
 from smartnsq.connection import Connection
 from smartnsq.errors import (
     ConnectionClosed,
@@ -50,7 +51,13 @@ N = TypeVar("N", bound=Node[Connection, Any])
 class AsyncPublisher(ProducerCore[N]):
     """Publishing, sending and retrying, over the front door's hooks (see the module)."""
 
-    _open = False  # the front door sets it while publishing is allowed
+    # Set by the front door's _setup (instance attributes only: a class attribute of the same
+    # name would slow every read of them). _open: publishing is allowed; _thread, _forks: the
+    # thread and fork generation a publish must come from (the blocking front door binds no
+    # thread, None, so its _check_usable runs on every publish).
+    _open: bool
+    _thread: int | None
+    _forks: int
 
     def _now(self) -> float:
         return anyio.current_time()
@@ -58,7 +65,8 @@ class AsyncPublisher(ProducerCore[N]):
     # -- the front door's hooks ------------------------------------------------------------------
 
     def _check_usable(self) -> None:
-        """Raise when this producer may not publish from here (thread, process)."""
+        """Raise when this producer may not publish from here (another thread or process,
+        closed); called when the caller's thread or fork generation is not the owner's."""
         raise NotImplementedError
 
     def _not_open(self) -> NSQError:
@@ -178,7 +186,8 @@ class AsyncPublisher(ProducerCore[N]):
                 ran out).
             ConnectionClosed: The connection failed and the retries ran out.
         """
-        self._check_usable()
+        if self._thread != get_ident() or self._forks != FORKS[0]:
+            self._check_usable()
         plan = self._plan_publish(
             topic, body, delay, partition, sharding_key, trace_id, headers, timeout, tag
         )
@@ -259,7 +268,8 @@ class AsyncPublisher(ProducerCore[N]):
             ServerError: nsqd refused the first batch and a retry cannot help.
             ConnectionClosed: The connection failed and the retries ran out.
         """
-        self._check_usable()
+        if self._thread != get_ident() or self._forks != FORKS[0]:
+            self._check_usable()
         plan = self._plan_many(
             topic, bodies, partition, sharding_key, trace_ids, timeout, tags, headers
         )

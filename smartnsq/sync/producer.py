@@ -45,6 +45,7 @@ class Producer(SyncPublisher[_Node]):
 
     def _setup(self) -> None:
         self._lookup_lock = threading.Lock()
+        self._thread = None  # any thread may publish
         self._forks = FORKS[0]
         self._open = True  # usable without ``with``
 
