@@ -224,6 +224,13 @@ class _Read:
                             f"a channel moved to offset {first} delivered offset {offset} first"
                         )
                     first = None
+                elif offset > expect:
+                    # Each message starts where the one before ends: a gap is messages the
+                    # channel skipped. Fail the task (Spark retries it) rather than lose them.
+                    raise ProtocolError(
+                        f"partition {info.partition} of {info.topic!r} on nsqd {info.nsqd}: "
+                        f"offset {offset} delivered where {expect} was due (reading {end})"
+                    )
                 if offset >= end:
                     done = True
                     continue
