@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from smartnsq.errors import ConnectionClosed, NSQTimeout, error_from_frame
+from smartnsq.errors import ConnectionClosed, NSQTimeout, ProtocolError, error_from_frame
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, HEARTBEAT, OK
 from smartnsq.protocol.handshake import ConnectionConfig
@@ -58,17 +58,20 @@ def read_ranges(
     todo = [r for r in ranges if r.start < r.end]
     channels: list[tuple[PartitionInfo, str]] = []
     reads: list[_Read] = []
+
+    def open_read(r: Range) -> _Read | None:
+        channel = youzan.task_channel(channel_prefix)
+        channels.append((r.info, channel))
+        first = youzan.open_channel(r.info, channel, r.start)
+        if first >= r.end:
+            return None  # no message starts in the range: nothing to wait for
+        read = _Read(r, channel, config, first)
+        reads.append(read)
+        return read
+
     try:
-        opened: list[tuple[Range, str]] = []
-        for r in todo:
-            channel = youzan.task_channel(channel_prefix)
-            channels.append((r.info, channel))
-            if youzan.open_channel(r.info, channel, r.start) < r.end:
-                opened.append((r, channel))
-            # else no message starts in the range: nothing to wait for
-        for r, channel in opened:
-            reads.append(_Read(r, channel, config))
-        yield from _pump(reads, schema)
+        opened = [read for read in map(open_read, todo) if read is not None]
+        yield from _pump(opened, schema, open_read)
     finally:
         for read in reads:
             read.close()
@@ -76,13 +79,37 @@ def read_ranges(
             youzan.delete_channel(info, channel)
 
 
-def _pump(reads: list[_Read], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+REOPEN_TRIES = 5  # channels opened for one range whose first delivery was misplaced
+
+
+class _Misplaced(Exception):
+    """The first message a channel delivered is not at the offset it was moved to."""
+
+
+def _pump(
+    reads: list[_Read], schema: pa.Schema, reopen: Callable[[Range], _Read | None]
+) -> Iterator[pa.RecordBatch]:
     active = list(reads)
     while active:
         ready, _, _ = select.select(active, [], [], 1.0)
         now = time.monotonic()
         for read in ready:
-            yield from read.receive(schema, now)
+            try:
+                yield from read.receive(schema, now)
+            except _Misplaced as exc:
+                # Nothing of the range was taken yet: read it again through a new channel.
+                read.close()
+                active.remove(read)
+                if read.tries >= REOPEN_TRIES:
+                    raise ProtocolError(
+                        f"{exc}; {read.tries} channels in a row did that: the task fails "
+                        "rather than skip messages"
+                    ) from None
+                again = reopen(read.range)
+                if again is not None:
+                    again.tries = read.tries + 1
+                    active.append(again)
+                continue
             if read.done:
                 read.close()
                 active.remove(read)
@@ -117,9 +144,15 @@ class _Read:
     """One partition's range, read through a connection of its own (a plain read loop, no
     request queue): FINs what it reads, stops at ``end``."""
 
-    def __init__(self, r: Range, channel: str, config: ConnectionConfig) -> None:
+    def __init__(self, r: Range, channel: str, config: ConnectionConfig, first: int) -> None:
         info = r.info
+        self.range, self.tries = r, 1
         self.info, self.end, self.expect = info, r.end, r.start
+        # The offset the channel was moved to: its first delivery must be there. The fork's
+        # channel reads ahead from where it was made, and delivers first what was published
+        # between /channel/create and /channel/setoffset (/stats shows it moved all the
+        # same): taken for the end of the range, that lost the whole range.
+        self.first: int | None = first
         self.done = self.subscribed = False
         self.rows = _new_rows(info)
         # Here, not at the top: the driver imports this module too, and smartnsq.sync costs
@@ -165,6 +198,7 @@ class _Read:
         self.last_data = now
         buf, spans = self.decoder.feed_spans(self.decompress(data))
         info, rows, expect, end, done = self.info, self.rows, self.expect, self.end, self.done
+        first = self.first
         unpack = _PLAIN.unpack_from
         batches: list[pa.RecordBatch] = []
         out: list[bytes] = []  # FINs, and the odd NOP or RDY
@@ -183,6 +217,20 @@ class _Read:
                     offset, size, body = msg.offset or 0, msg.raw_size or 1, msg.body
                 if offset < expect:
                     continue  # a redelivery of what we already have
+                if first is not None:
+                    if offset != first:
+                        raise _Misplaced(
+                            f"partition {info.partition} of {info.topic!r} on nsqd {info.nsqd}: "
+                            f"a channel moved to offset {first} delivered offset {offset} first"
+                        )
+                    first = None
+                elif offset > expect:
+                    # Each message starts where the one before ends: a gap is messages the
+                    # channel skipped. Fail the task (Spark retries it) rather than lose them.
+                    raise ProtocolError(
+                        f"partition {info.partition} of {info.topic!r} on nsqd {info.nsqd}: "
+                        f"offset {offset} delivered where {expect} was due (reading {end})"
+                    )
                 if offset >= end:
                     done = True
                     continue
@@ -213,7 +261,7 @@ class _Read:
         if done and len(rows):
             batches.append(to_batch(rows, info, schema))
             rows = _new_rows(info)
-        self.rows, self.expect, self.done = rows, expect, done
+        self.rows, self.expect, self.done, self.first = rows, expect, done, first
         return batches
 
 
