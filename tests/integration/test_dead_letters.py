@@ -50,6 +50,21 @@ def failing(kind: str, seen: list[int]) -> Any:
     return handle_sync
 
 
+def giving_up_at_once(cluster: Any, topic: str, dead: str) -> Consumer:
+    """A consumer of ``topic``/c through lookupd whose handler always fails and which gives
+    up at the first attempt: every message goes for ``dead``."""
+    return Consumer(
+        topic, "c", failing("async", []), lookupd_http_addresses=lookupds(cluster),
+        max_in_flight=N, max_attempts=1, requeue_delay=0, backoff=False,
+        dead_letter_topic=dead,
+    )  # fmt: skip
+
+
+def failed_copies(caplog: pytest.LogCaptureFixture) -> int:
+    """Dead-letter copies that failed, each original requeued instead of finished."""
+    return sum("requeued, not finished" in r.message for r in caplog.records)
+
+
 def test_the_dead_letter_topic_is_checked() -> None:
     with pytest.raises(InvalidArgument, match="must differ"):
         Consumer("orders", "c", nsqd_tcp_addresses=["127.0.0.1:4150"], dead_letter_topic="orders")
@@ -126,13 +141,8 @@ async def test_nothing_is_lost_while_the_dead_letter_nsqd_is_down(
         await producer.publish_many(topic, [b"m%d" % i for i in range(N)])
     cluster.kill_nsqd(1, signal=signal.SIGKILL)
     caplog.set_level(logging.WARNING, "smartnsq.consumer")
-    failed_copies = lambda: [r for r in caplog.records if "requeued, not finished" in r.message]  # noqa: E731
-    async with Consumer(
-        topic, "c", failing("async", []), lookupd_http_addresses=lookupds(cluster),
-        max_in_flight=N, max_attempts=1, requeue_delay=0, backoff=False,
-        dead_letter_topic=dead,
-    ):  # fmt: skip
-        await wait_until(lambda: len(failed_copies()) >= 2 * N, 30, "failed copies")
+    async with giving_up_at_once(cluster, topic, dead):
+        await wait_until(lambda: failed_copies(caplog) >= 2 * N, 30, "failed copies")
         # Given up on and requeued again and again: every one still in the source topic.
         assert depth(source.http, topic, "c") == N
         cluster.restart_nsqd(1)
@@ -202,13 +212,8 @@ async def test_youzan_nothing_is_lost_while_the_dead_letter_leader_is_down(
     # minutes after the restart (compat/README.md), which is the fork's recovery, not ours.
     cluster.kill_nsqd(sink, signal=signal.SIGTERM)
     caplog.set_level(logging.WARNING, "smartnsq.consumer")
-    failed_copies = lambda: [r for r in caplog.records if "requeued, not finished" in r.message]  # noqa: E731
-    async with Consumer(
-        topic, "c", failing("async", []), lookupd_http_addresses=lookupds(cluster),
-        max_in_flight=N, max_attempts=1, requeue_delay=0, backoff=False,
-        dead_letter_topic=dead,
-    ):  # fmt: skip
-        await wait_until(lambda: len(failed_copies()) >= 2 * N, 30, "failed copies")
+    async with giving_up_at_once(cluster, topic, dead):
+        await wait_until(lambda: failed_copies(caplog) >= 2 * N, 30, "failed copies")
         # Given up on and requeued again and again: every one still in the source topic.
         assert youzan_depth(source, topic, "c") == N
         cluster.restart_nsqd(sink)
