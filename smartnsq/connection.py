@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -90,7 +89,7 @@ class Connection:
         # The read side; the waiting requests are its and ours (the same deque).
         self._pump = pump = FramePump(address, link, config.max_frame_size, self._stop)
         self._waiters = pump.waiters
-        self._watchdog_wake: anyio.Event | None = None  # set while the watchdog idles
+        self._watch_idle = False  # the watchdog sleeps with no request deadline to watch
         # On asyncio: bare futures from the loop, and the loop's clock (the same one anyio
         # uses there); each get_running_loop() costs a getpid() system call on 3.11.
         self._loop = asyncio.get_running_loop() if running_on_asyncio() else None
@@ -193,10 +192,7 @@ class Connection:
                 if self.closed:
                     scope.cancel()
                 try:
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._watchdog)
-                        await self._link.run(self._pump.on_data)
-                        tg.cancel_scope.cancel()
+                    await self._link.run(self._pump.on_data, self._tick)
                 except anyio.EndOfStream:
                     pass
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
@@ -212,39 +208,33 @@ class Connection:
                     reason or ConnectionClosed(f"nsqd {self.address} closed the connection")
                 )
 
-    async def _watchdog(self) -> None:
-        """Expire requests past their deadline; give up on a silent server.
+    def _tick(self) -> float | None:
+        """The watchdog, run by the link: expire requests past their deadline, give up on
+        a silent server; returns the seconds until it is due again (None: stopped).
 
-        One ticking task per connection is far cheaper than a timer per request.
+        One tick per connection is far cheaper than a timer per request.
         """
         interval = self.config.heartbeat_interval
+        now = self._clock()
         # nsqd sends a heartbeat every interval whatever else it sends, and drops a client
         # that misses two; we give up on nsqd by the same rule, with a small margin.
         silence_limit = interval * 2 + max(0.5, interval / 10) if interval > 0 else None
-        while True:
-            if self._waiters:
-                await anyio.sleep(_TICK)
-            else:
-                # Nothing to expire: sleep until a request comes (request() wakes us) or the
-                # silence check is due, not _TICK: many idle connections would otherwise
-                # cost 20 wake-ups a second each (200 connections: ~8 % of a core).
-                wake = self._watchdog_wake = anyio.Event()
-                wait = math.inf
-                if silence_limit is not None:
-                    wait = self._link.last_read + silence_limit - self._clock() + _TICK
-                with anyio.move_on_after(max(_TICK, wait)):
-                    await wake.wait()
-                self._watchdog_wake = None
-            now = self._clock()
-            if silence_limit is not None and now - self._link.last_read > silence_limit:
-                idle = now - self._link.last_read
-                self._stop(
-                    NSQTimeout(
-                        f"no data (not even heartbeats) from nsqd {self.address} for {idle:.0f}s"
-                    )
-                )
-                return
-            self._expire(now)
+        if silence_limit is not None and now - self._link.last_read > silence_limit:
+            idle = now - self._link.last_read
+            what = f"no data (not even heartbeats) from nsqd {self.address} for {idle:.0f}s"
+            self._stop(NSQTimeout(what))
+            return None
+        self._expire(now)
+        if self._waiters:
+            self._watch_idle = False
+            return _TICK
+        # Nothing to expire: sleep until a request comes (request() wakes us) or the silence
+        # check is due, not _TICK: many idle connections would otherwise cost 20 wake-ups a
+        # second each (200 connections: ~8 % of a core).
+        self._watch_idle = True
+        if silence_limit is None:
+            return _INF
+        return max(_TICK, self._link.last_read + silence_limit - now + _TICK)
 
     def _expire(self, now: float) -> None:
         """Fail the requests whose deadline has passed; they keep their place in the queue
@@ -348,9 +338,9 @@ class Connection:
         else:
             waiter = EventWaiter(publish, now, deadline)
         self._waiters.append(waiter)
-        if self._watchdog_wake is not None and deadline != _INF:
-            self._watchdog_wake.set()  # it sleeps without a deadline to watch: now one
-            self._watchdog_wake = None
+        if self._watch_idle and deadline != _INF:
+            self._watch_idle = False  # it sleeps without a deadline to watch: now one
+            link.wake()
         if link.must_drain:
             # The bytes are in the send buffer and will reach nsqd unless the connection
             # dies (which fails every waiter): whatever happens to this caller, the waiter

@@ -10,7 +10,10 @@ Two implementations of one small interface:
   a reader task.
 
 Both deliver received bytes to ``on_data`` (a plain function) once the handshake is over.
-Before that, :meth:`receive` reads them one chunk at a time.
+Before that, :meth:`receive` reads them one chunk at a time. While running, both call the
+connection's ``tick`` (its watchdog) when the seconds it last returned have passed or
+:meth:`wake` is called: on asyncio from the task that waits for the close, so a connection
+costs no task but that one (200 idle consumers: 400 tasks and task groups fewer).
 
 Writes never block: :meth:`write` buffers, and everything written during one pass of the
 event loop (many publishing tasks, the FINs for a batch of messages) goes out as one send,
@@ -35,8 +38,12 @@ from anyio.streams.tls import TLSStream
 from smartnsq.errors import ConnectionClosed
 
 _READ_SIZE = 256 * 1024
+_FOREVER = 1e9  # seconds
 
 OnData = Callable[[bytes], None]
+# The watchdog: does its checks, returns the seconds until it wants to run again (None: it
+# stopped the connection).
+Tick = Callable[[], float | None]
 
 
 class Link(Protocol):
@@ -61,7 +68,11 @@ class Link(Protocol):
     def write_now(self, data: bytes) -> None: ...
     async def drain(self) -> None: ...
     async def start_tls(self, context: ssl.SSLContext, hostname: str) -> None: ...
-    async def run(self, on_data: OnData) -> None: ...
+    async def run(self, on_data: OnData, tick: Tick) -> None: ...
+    def wake(self) -> None:
+        """Call ``tick`` now rather than when it asked to be called."""
+        ...
+
     async def flush_out(self) -> None: ...
     def abort(self) -> None: ...
     async def aclose(self) -> None: ...
@@ -100,6 +111,7 @@ class AsyncioLink(asyncio.BufferedProtocol):
         self._readable: asyncio.Future[None] | None = None
         self._on_data: OnData | None = None
         self._closed: asyncio.Future[BaseException | None] = loop.create_future()
+        self._wake: asyncio.Future[None] | None = None  # run() waits on it between ticks
         self._paused = False
         self._drained: asyncio.Future[None] | None = None
         self._wbuf: list[bytes] = []
@@ -168,6 +180,7 @@ class AsyncioLink(asyncio.BufferedProtocol):
     def _finish(self, exc: BaseException | None) -> None:
         if not self._closed.done():
             self._closed.set_result(exc)
+            self.wake()
 
     # Link
 
@@ -220,7 +233,7 @@ class AsyncioLink(asyncio.BufferedProtocol):
             raise ConnectionClosed("connection closed during the TLS upgrade")
         self._transport = new
 
-    async def run(self, on_data: OnData) -> None:
+    async def run(self, on_data: OnData, tick: Tick) -> None:
         self._on_data = on_data
         try:
             while self._chunks:
@@ -228,9 +241,26 @@ class AsyncioLink(asyncio.BufferedProtocol):
         except Exception:
             self.abort()
             raise
-        exc = await asyncio.shield(self._closed)
+        loop, closed = self._loop, self._closed
+        while not closed.done():
+            wait = tick()
+            if wait is None or closed.done():
+                break
+            wake = self._wake = loop.create_future()
+            # uvloop cannot schedule at infinity (no heartbeats: only wake() will do)
+            timer = loop.call_later(wait, _resolve, wake) if wait < _FOREVER else None
+            try:
+                await wake
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                self._wake = None
+        exc = await asyncio.shield(closed)
         if exc is not None:
             raise exc
+
+    def wake(self) -> None:
+        _resolve(self._wake)
 
     async def flush_out(self) -> None:
         """Hand everything buffered to the transport now (close() then sends it all)."""
@@ -248,12 +278,18 @@ class AsyncioLink(asyncio.BufferedProtocol):
             self._transport.close()
 
 
+def _resolve(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
+
+
 class StreamLink:
     def __init__(self, stream: anyio.abc.ByteStream) -> None:
         self._stream = stream
         self._out: list[bytes] = []
         self._lock = anyio.Lock()
         self._dirty = anyio.Event()
+        self._wake = anyio.Event()
         self._closing = False
         self.compress: Callable[[bytes], bytes] | None = None
         self.last_read = anyio.current_time()
@@ -315,10 +351,20 @@ class StreamLink:
             self._dirty = anyio.Event()
             await self.drain()
 
-    async def run(self, on_data: OnData) -> None:
+    async def _watch(self, tick: Tick) -> None:
+        while (wait := tick()) is not None:
+            self._wake = anyio.Event()
+            with anyio.move_on_after(wait):
+                await self._wake.wait()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self, on_data: OnData, tick: Tick) -> None:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._writer)
+                tg.start_soon(self._watch, tick)
                 while True:
                     data = await self._stream.receive(_READ_SIZE)
                     self.last_read = anyio.current_time()

@@ -33,7 +33,7 @@ def test_every_read_is_handed_over_as_bytes_of_its_own(loop_kind: str) -> None:
             got.append(data)
             grew.set()
 
-        runner = asyncio.ensure_future(link.run(on_data))
+        runner = asyncio.ensure_future(link.run(on_data, lambda: None))
         sent = 0
         for chunk in chunks:  # the next chunk only once this one is read: reads of their own
             writer.write(chunk)

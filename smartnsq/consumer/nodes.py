@@ -198,9 +198,8 @@ class Nodes:
         if ext:
             extra = {} if tag is None else {"desired_tag": tag}
             config = dataclasses.replace(config, extend_support=True, identify_extra=extra)
-        start = options.start_plan
         # SUB_ADVANCED with 4 tokens: a 5th (its own start) would make nsqd ignore the partition.
-        advanced = not ordered and start.advanced
+        advanced = not ordered and options.start_plan.advanced
         conn = await Connection.open(address, config)
         if tag is not None and not (conn.features.youzan and ext):
             await conn.close(timeout=0)
@@ -216,55 +215,74 @@ class Nodes:
                 once(err)
 
         conn.on_async_error = on_async_error
-        subscribe = (
-            commands.sub_ordered if ordered else commands.sub_advanced if advanced else commands.sub
-        )
-        refused: NSQError | None = None
+        # This task reads; SUB is sent from a short-lived one beside it. A task (and task
+        # group) per connection just to read while subscribing cost 1,000 idle consumers
+        # ~10 MB for as long as they ran.
+        attempt = _Attempt()
+        if not state.spawn(self._subscribe, target, sub, ordered, advanced, attempt):
+            await conn.close(timeout=0)  # stopping
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(conn.run)
-                try:
-                    await conn.request(
-                        subscribe(options.topic, options.channel, partition), timeout=10
-                    )
-                    if partition is not None and start.pending(partition):
-                        # Before any RDY: nothing is delivered from the old position.
-                        sub.skip = await start.apply(partition, self.nodes[target])
-                except NSQError as exc:  # raised plainly, not wrapped in a task-group error
-                    refused = exc
-                    tg.cancel_scope.cancel()
-                    return
-                state.subs[target] = sub
-                # The count of failed attempts stays until the subscription ends (_failed).
-                failed = self.failures.get(target, 0)
-                self.subscribed[target] = anyio.current_time()
-                quiet = target in self.announced  # again within one outage: logged once
-                if failed:
-                    self.announced.add(target)
-                log.log(
-                    logging.DEBUG if quiet else logging.INFO,
-                    "subscribed to %s/%s on nsqd %s%s%s",
-                    options.topic,
-                    options.channel,
-                    target_name(target),
-                    " (ordered)" if ordered else "",
-                    f" again after {failed} failed attempts" if failed else "",
-                )
-                if not self.pacing.backoff.level and state.max_in_flight:
-                    sub.set_rdy(1)  # prove the connection before giving it a full share
-                self.pacing.redistribute()
+            await conn.run()
         finally:
+            if attempt.accepted is not None:  # for _failed: how long the subscription lasted
+                self.subscribed[target] = attempt.accepted
             if state.subs.get(target) is sub:
                 del state.subs[target]
             if not conn.closed:
                 with anyio.CancelScope(shield=True):
                     await conn.close(timeout=0)
             self.pacing.redistribute()
-            if refused is not None:
-                raise refused
+        if attempt.refused is not None:
+            raise attempt.refused
         reason = conn.close_reason
         if not state.stopping and reason is not None:
             raise reason if isinstance(reason, NSQError) else ConnectionClosed(str(reason))
+
+    async def _subscribe(
+        self,
+        target: Target,
+        sub: Subscription,
+        ordered: bool,
+        advanced: bool,
+        attempt: _Attempt,
+    ) -> None:
+        """SUB (and a Youzan partition's start position), then the first RDY. A refusal or
+        failure goes to ``attempt`` and ends the connection, for its loop to raise."""
+        state, options = self.state, self.state.options
+        conn, partition, start = sub.conn, target[1], options.start_plan
+        subscribe = (
+            commands.sub_ordered if ordered else commands.sub_advanced if advanced else commands.sub
+        )
+        try:
+            await conn.request(subscribe(options.topic, options.channel, partition), timeout=10)
+            if partition is not None and start.pending(partition):
+                # Before any RDY: nothing is delivered from the old position.
+                sub.skip = await start.apply(partition, self.nodes[target])
+        except Exception as exc:  # the connection's loop raises it (one bad node, not all)
+            attempt.refused = exc
+            await conn.close(timeout=0)
+            return
+        attempt.accepted = anyio.current_time()
+        # The count of failed attempts stays until the subscription ends (_failed).
+        failed = self.failures.get(target, 0)
+        quiet = target in self.announced  # again within one outage: logged once
+        if failed:
+            self.announced.add(target)
+        log.log(
+            logging.DEBUG if quiet else logging.INFO,
+            "subscribed to %s/%s on nsqd %s%s%s",
+            options.topic,
+            options.channel,
+            target_name(target),
+            " (ordered)" if ordered else "",
+            f" again after {failed} failed attempts" if failed else "",
+        )
+        if not conn.usable:  # ended right after SUB's OK: its loop counts the attempt
+            return
+        state.subs[target] = sub
+        if not self.pacing.backoff.level and state.max_in_flight:
+            sub.set_rdy(1)  # prove the connection before giving it a full share
+        self.pacing.redistribute()
 
     # -- lookupd ---------------------------------------------------------------------------------
 
@@ -343,6 +361,16 @@ class Nodes:
                     options.topic,
                 )
                 self.unwant(target)
+
+
+class _Attempt:
+    """One connection's subscription, as its SUB task saw it."""
+
+    __slots__ = ("accepted", "refused")
+
+    def __init__(self) -> None:
+        self.accepted: float | None = None  # when SUB was answered OK
+        self.refused: Exception | None = None  # why SUB (or the start position) failed
 
 
 def target_name(target: Target) -> str:

@@ -44,10 +44,13 @@ class State:
     def usable(self) -> list[Subscription]:
         return [s for s in self.subs.values() if s.conn.usable]
 
-    def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
-        """Run ``fn(*args)`` in the background while the consumer runs (else not at all)."""
-        if self.tg is not None:
-            self.tg.start_soon(fn, *args)
+    def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> bool:
+        """Run ``fn(*args)`` in the background while the consumer runs (else not at all:
+        False)."""
+        if self.tg is None:
+            return False
+        self.tg.start_soon(fn, *args)
+        return True
 
     def call_back(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
         """Call a user's callback: its exceptions are logged; an awaitable it returns is
