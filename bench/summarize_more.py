@@ -13,6 +13,11 @@ NOISE = (
     "run to run; the same-round comparisons (ratios) are the ones to read."
 )
 
+QUIET = (
+    "**Quiet machine:** nothing else ran during these runs (the median share of the machine "
+    "used by other jobs was {other:.0%}, from `/proc/stat`, minus client, nsqd and runner)."
+)
+
 
 def _med(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
@@ -34,8 +39,10 @@ def _preamble(data: dict[str, Any]) -> list[str]:
         "```",
         "",
     ]
-    if others:
+    if others and _med(others) >= 0.05:
         out += [NOISE.format(other=_med(others)), ""]
+    elif others:
+        out += [QUIET.format(other=_med(others)), ""]
     return out
 
 
