@@ -12,8 +12,8 @@ Two implementations of one small interface:
 Both deliver received bytes to ``on_data`` (a plain function) once the handshake is over.
 Before that, :meth:`receive` reads them one chunk at a time. While running, both call the
 connection's ``tick`` (its watchdog) when the seconds it last returned have passed or
-:meth:`wake` is called: on asyncio from the task that waits for the close, so a connection
-costs no task but that one (200 idle consumers: 400 tasks and task groups fewer).
+:meth:`wake` is called: on asyncio from the task that waits for the close, so the watchdog
+costs a connection no task and task group of its own.
 
 Writes never block: :meth:`write` buffers, and everything written during one pass of the
 event loop (many publishing tasks, the FINs for a batch of messages) goes out as one send,
