@@ -14,8 +14,8 @@ NOISE = (
 )
 
 QUIET = (
-    "**Quiet machine:** nothing else ran during these runs (the median share of the machine "
-    "used by other jobs was {other:.0%}, from `/proc/stat`, minus client, nsqd and runner)."
+    "**Quiet machine:** the median share of the machine used by other jobs during a run was "
+    "{other:.0%} (from `/proc/stat`, minus client, nsqd and runner)."
 )
 
 
