@@ -226,11 +226,9 @@ class Nodes:
         finally:
             if attempt.accepted is not None:  # for _failed: how long the subscription lasted
                 self.subscribed[target] = attempt.accepted
+            # conn.run() has shut the connection down, however it ended.
             if state.subs.get(target) is sub:
                 del state.subs[target]
-            if not conn.closed:
-                with anyio.CancelScope(shield=True):
-                    await conn.close(timeout=0)
             self.pacing.redistribute()
         if attempt.refused is not None:
             raise attempt.refused
