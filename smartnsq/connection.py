@@ -90,6 +90,10 @@ class Connection:
         self._pump = pump = FramePump(address, link, config.max_frame_size, self._stop)
         self._waiters = pump.waiters
         self._watch_idle = False  # the watchdog sleeps with no request deadline to watch
+        # nsqd sends a heartbeat every interval whatever else it sends, and drops a client
+        # that misses two; we give up on nsqd by the same rule, with a small margin.
+        interval = config.heartbeat_interval
+        self._silence_limit = interval * 2 + max(0.5, interval / 10) if interval > 0 else None
         # On asyncio: bare futures from the loop, and the loop's clock (the same one anyio
         # uses there); each get_running_loop() costs a getpid() system call on 3.11.
         self._loop = asyncio.get_running_loop() if running_on_asyncio() else None
@@ -214,11 +218,8 @@ class Connection:
 
         One tick per connection is far cheaper than a timer per request.
         """
-        interval = self.config.heartbeat_interval
         now = self._clock()
-        # nsqd sends a heartbeat every interval whatever else it sends, and drops a client
-        # that misses two; we give up on nsqd by the same rule, with a small margin.
-        silence_limit = interval * 2 + max(0.5, interval / 10) if interval > 0 else None
+        silence_limit = self._silence_limit
         if silence_limit is not None and now - self._link.last_read > silence_limit:
             idle = now - self._link.last_read
             what = f"no data (not even heartbeats) from nsqd {self.address} for {idle:.0f}s"
