@@ -39,10 +39,9 @@ def _preamble(data: dict[str, Any]) -> list[str]:
         "```",
         "",
     ]
-    if others and _med(others) >= 0.05:
-        out += [NOISE.format(other=_med(others)), ""]
-    elif others:
-        out += [QUIET.format(other=_med(others)), ""]
+    if others:
+        other = _med(others)
+        out += [(NOISE if other >= 0.05 else QUIET).format(other=other), ""]
     return out
 
 
