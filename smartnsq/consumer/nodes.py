@@ -30,8 +30,8 @@ from smartnsq.errors import (
     SubOrderRequired,
     TagNotSupported,
 )
-from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import Node
+from smartnsq.lookup.shared import SharedLookup, shared_lookup
 from smartnsq.notice import topic_missing
 from smartnsq.observe.logs import OncePerKind
 from smartnsq.protocol import commands
@@ -48,7 +48,6 @@ class Nodes:
         "failures",
         "intake",
         "last_error",
-        "lookup",
         "lookup_failures",
         "loops",
         "nodes",
@@ -74,11 +73,6 @@ class Nodes:
         self.nodes: dict[Target, Node] = {}  # partition leaders, for the start's HTTP calls
         self.lookup_failures = 0
         self.requery = anyio.Event()
-        self.lookup = (
-            LookupManager(options.lookupds, listlookup_interval=options.lookupd_poll_interval)
-            if options.lookupds
-            else None
-        )
         # The subscription mode, following the topic when the options leave it open.
         self.ordered = bool(options.ordered)
         self.ext = bool(options.ext) or options.desired_tag is not None  # tags: ext only
@@ -87,7 +81,7 @@ class Nodes:
     def start(self) -> None:
         for address in self.state.options.direct:
             self.want((address, None))
-        if self.lookup is not None:
+        if self.state.options.lookupds:
             self.state.spawn(self._lookup_loop)
 
     def cancel(self) -> None:
@@ -149,8 +143,7 @@ class Nodes:
                     )
                 if state.stopping or target not in self.wanted:
                     break
-                if self.lookup is not None:
-                    self.requery.set()
+                self.requery.set()  # the lookupd poll, if any, looks again at once
                 delay = min(options.reconnect_max, options.reconnect_min * 2 ** min(failures, 16))
                 await anyio.sleep(delay * random.uniform(0.5, 1.0))
         if self.loops.get(target) is scope:
@@ -285,28 +278,40 @@ class Nodes:
     # -- lookupd ---------------------------------------------------------------------------------
 
     async def _lookup_loop(self) -> None:
-        assert self.lookup is not None
         state, options = self.state, self.state.options
-        async with self.lookup:
+        async with shared_lookup(
+            options.lookupds,
+            options.topic,
+            interval=options.lookupd_poll_interval,
+            jitter=options.lookupd_poll_jitter,
+        ) as shared:
             last = -math.inf
             failed = 0  # lookups in a row that reached no lookupd
+            due: float | None = None  # the shared round this poll is for; None: ask now
             while not state.stopping:
                 # Rate limit: re-queries triggered by dropped connections wait at least 1 s.
                 await anyio.sleep(max(0.0, last + 1.0 - anyio.current_time()))
                 last = anyio.current_time()
-                self.requery = anyio.Event()
-                failed = 0 if await self._query_lookupds() else failed + 1
-                j = options.lookupd_poll_jitter
-                wait = options.lookupd_poll_interval * random.uniform(1 - j, 1 + j)
-                if failed:
-                    # No lookupd answered: ask again soon (1, 2, 4 s ...), not a whole poll
-                    # interval later (60 s by default), which a consumer started while its
-                    # lookupds were briefly unreachable (or too busy) spent doing nothing.
-                    wait = min(wait, 2.0 ** min(failed - 1, 10) * random.uniform(0.75, 1.0))
+                self.requery = requery = anyio.Event()
+                failed = 0 if await self._query_lookupds(shared, due) else failed + 1
+                if shared.batched:
+                    due = shared.due  # one round for every consumer; it backs off itself
+                    wait = due - anyio.current_time()
+                else:
+                    due = None
+                    j = options.lookupd_poll_jitter
+                    wait = options.lookupd_poll_interval * random.uniform(1 - j, 1 + j)
+                    if failed:
+                        # No lookupd answered: ask again soon (1, 2, 4 s ...), not a whole
+                        # poll interval later (60 s by default), which a consumer started
+                        # while its lookupds were briefly unreachable spent doing nothing.
+                        wait = min(wait, 2.0 ** min(failed - 1, 10) * random.uniform(0.75, 1.0))
                 with anyio.move_on_after(wait):
-                    await self.requery.wait()
+                    await requery.wait()
+                if requery.is_set():
+                    due = None  # a lost connection: this topic, now
 
-    async def _query_lookupds(self) -> bool:
+    async def _query_lookupds(self, shared: SharedLookup, due: float | None) -> bool:
         """Ask every lookupd at once; connect to new nsqd, drop those no lookupd lists.
         False when no lookupd answered.
 
@@ -314,7 +319,7 @@ class Nodes:
         """
         topic = self.state.options.topic
         try:
-            await self._apply_lookup()
+            await self._apply_lookup(shared, due)
         except LookupFailed as exc:  # every lookupd down: keep what we have
             log.debug("lookup of %s failed: %s", topic, exc)
             return False
@@ -328,10 +333,10 @@ class Nodes:
             self.lookup_failures = 0
         return True
 
-    async def _apply_lookup(self) -> None:
-        assert self.lookup is not None
+    async def _apply_lookup(self, shared: SharedLookup, due: float | None) -> None:
         options = self.state.options
-        layout = await self.lookup.lookup(options.topic, "r")
+        topic = options.topic
+        layout = await (shared.lookup(topic) if due is None else shared.poll(topic, due))
         if layout.meta is not None and layout.meta.partition_num:
             if options.ordered is None:
                 self.ordered = layout.meta.ordered

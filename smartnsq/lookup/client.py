@@ -11,11 +11,13 @@ from smartnsq.errors import InvalidArgument, LookupFailed, ProtocolError, TopicN
 from smartnsq.http import HttpClient, HttpError, TooLarge
 from smartnsq.lookup.model import (
     MAX_NODES,
+    Node,
     Skipped,
     TopicLayout,
     loads,
     parse_listlookup,
     parse_lookup,
+    parse_nodes,
     too_many_nodes,
     valid_host,
 )
@@ -28,6 +30,10 @@ MAX_RESPONSE_SIZE = 4 << 20
 
 class NoListLookup(LookupFailed):
     """The lookupd answers 404 to ``/listlookup``: a classic lookupd, not worth asking again."""
+
+
+class NoNodes(LookupFailed):
+    """The lookupd refuses ``/nodes`` (404, 403 or 405): its topics must be looked up one by one."""
 
 
 def normalize_lookupd_address(address: str) -> str:
@@ -121,6 +127,37 @@ async def fetch_lookup(
         )
     try:
         return parse_lookup(loads(body), skipped)
+    except (ValueError, RecursionError, ProtocolError) as exc:
+        raise LookupFailed(f"lookupd {base_url} sent an unusable answer: {exc!s:.200}") from exc
+
+
+async def fetch_nodes(
+    client: HttpClient,
+    base_url: str,
+    *,
+    timeout: float | None = None,
+    max_response_size: int = MAX_RESPONSE_SIZE,
+    skipped: list[Skipped] | None = None,
+) -> dict[str, tuple[Node, ...]]:
+    """``GET /nodes`` on one classic lookupd: every topic's nsqd (see
+    :func:`~smartnsq.lookup.model.parse_nodes`). Failures raise :class:`LookupFailed`."""
+    status, body = await fetch(
+        client, base_url, "/nodes", timeout=timeout, max_response_size=max_response_size
+    )
+    if status in (403, 404, 405):
+        raise NoNodes(f"lookupd {base_url} answered HTTP {status} to /nodes")
+    if status != 200:
+        raise LookupFailed(
+            f"lookupd {base_url} answered HTTP {status} to /nodes{_redirect(status)}"
+        )
+    # One object per nsqd: its topics are strings, so count objects only.
+    if body.count(b"{") > 2 * MAX_NODES + 16:
+        raise LookupFailed(
+            f"lookupd {base_url} sent an unusable answer to /nodes: it lists more than "
+            f"{MAX_NODES} nsqd"
+        )
+    try:
+        return parse_nodes(loads(body), skipped)
     except (ValueError, RecursionError, ProtocolError) as exc:
         raise LookupFailed(f"lookupd {base_url} sent an unusable answer: {exc!s:.200}") from exc
 

@@ -36,9 +36,11 @@ from smartnsq.http import HttpClient
 from smartnsq.lookup.client import (
     MAX_RESPONSE_SIZE,
     NoListLookup,
+    NoNodes,
     check_lookupd_addresses,
     fetch_listlookup,
     fetch_lookup,
+    fetch_nodes,
 )
 from smartnsq.lookup.model import Node, Skipped, TopicLayout, TopicMeta
 
@@ -109,6 +111,7 @@ class LookupManager:
         self._leader: str | None = None
         self._listed_at = -float("inf")
         self._no_listlookup: set[str] = set()  # lookupds that answered 404 to /listlookup
+        self._no_nodes: set[str] = set()  # lookupds that refused /nodes
         self._health: dict[str, _Health] = {}
         # (topic, access) -> (fetched at, expires at, layout)
         self._cache: dict[tuple[str, str], tuple[float, float, TopicLayout]] = {}
@@ -276,8 +279,7 @@ class LookupManager:
         lookupd knows raises :class:`TopicNotFound`; for ``"r"`` it is an empty layout.
         """
         await self.discover()
-        now = time.monotonic()
-        candidates = [u for u in self.ranked() if self._usable(u, now)] or self.ranked()
+        candidates = self._candidates()
 
         async def ask(url: str) -> TopicLayout | None:
             skipped: list[Skipped] = []
@@ -325,6 +327,56 @@ class LookupManager:
             layout,
         )
         return layout
+
+    def _candidates(self) -> list[str]:
+        now = time.monotonic()
+        return [u for u in self.ranked() if self._usable(u, now)] or self.ranked()
+
+    @property
+    def every_topic_at_once(self) -> bool:
+        """Whether :meth:`every_topic` can be used: every known lookupd is classic (it has no
+        ``/listlookup``, so no partitions to tell) and none has refused ``/nodes``."""
+        return all(u in self._no_listlookup and u not in self._no_nodes for u in self._known)
+
+    async def every_topic(self) -> dict[str, tuple[Node, ...]]:
+        """Each topic's nsqd from one ``/nodes`` request per lookupd, all asked at once, the
+        union of their answers: what :meth:`lookup` would say for every topic together.
+
+        Raises :class:`LookupFailed` when no lookupd answered, or one refused ``/nodes``
+        (then :attr:`every_topic_at_once` turns False).
+        """
+        await self.discover()
+        refused: list[str] = []
+
+        async def ask(url: str) -> dict[str, tuple[Node, ...]]:
+            skipped: list[Skipped] = []
+            try:
+                found = await fetch_nodes(
+                    self.client,
+                    url,
+                    timeout=self.timeout,
+                    max_response_size=self.max_response_size,
+                    skipped=skipped,
+                )
+            except NoNodes as exc:  # not the lookupd's failure: it still answers /lookup
+                self._no_nodes.add(url)
+                refused.append(str(exc))
+                return {}
+            self._report(url, skipped)
+            self._succeeded(url)
+            return found
+
+        results, errors = await self._ask(self._candidates(), ask, bool)
+        if refused:
+            # Its topics are missing from the union: the caller must ask topic by topic.
+            raise LookupFailed("; ".join(refused))
+        if not results:
+            raise LookupFailed(f"no lookupd answered /nodes: {'; '.join(errors)}")
+        merged: dict[str, dict[Node, None]] = {}
+        for _, found in results:
+            for topic, nodes in found.items():
+                merged.setdefault(topic, {}).update(dict.fromkeys(nodes))
+        return {topic: tuple(nodes) for topic, nodes in merged.items()}
 
     def _merge(self, answers: list[tuple[str, TopicLayout]]) -> TopicLayout:
         if len(answers) == 1:

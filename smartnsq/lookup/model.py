@@ -229,6 +229,42 @@ def parse_lookup(body: Any, skipped: list[Skipped] | None = None) -> TopicLayout
     return TopicLayout(tuple(nodes), partitions, meta)
 
 
+def parse_nodes(body: Any, skipped: list[Skipped] | None = None) -> dict[str, tuple[Node, ...]]:
+    """Parse a classic ``/nodes`` answer: for each topic, the nsqd that carry it untombstoned.
+
+    That is what ``/lookup`` would list for each topic (both leave out inactive nsqd, and
+    ``/lookup`` leaves out tombstoned ones): one request answers for every topic. Bad entries
+    are skipped as in :func:`parse_lookup`.
+    """
+    data = unwrap(body)
+    if not isinstance(data, dict):
+        raise ProtocolError(f"lookupd answer is not a JSON object: {data!r:.100}")
+    producers = data.get("producers")
+    if producers is None:
+        producers = []
+    if not isinstance(producers, list):
+        raise ProtocolError("lookupd answer has a non-list 'producers'")
+    if len(producers) > MAX_NODES:
+        raise ProtocolError(f"lookupd answer lists more than {MAX_NODES} nsqd")
+    found: dict[str, dict[Node, None]] = {}
+    for raw in producers:
+        try:
+            node = _node(raw)
+        except _BadEntry as exc:
+            _skip(skipped, f"producer {exc.problem}", raw)
+            continue
+        topics, tombstones = raw.get("topics"), raw.get("tombstones")
+        if not isinstance(topics, list):
+            _skip(skipped, "producer without a list of topics", raw)
+            continue
+        if not isinstance(tombstones, list) or len(tombstones) != len(topics):
+            tombstones = [False] * len(topics)  # older lookupds send none: nothing tombstoned
+        for topic, tombstoned in zip(topics, tombstones, strict=True):
+            if isinstance(topic, str) and tombstoned is not True:
+                found.setdefault(topic, {})[node] = None
+    return {topic: tuple(nodes) for topic, nodes in found.items()}
+
+
 def parse_listlookup(
     body: Any, skipped: list[Skipped] | None = None
 ) -> tuple[list[str], str | None]:
