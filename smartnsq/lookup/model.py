@@ -182,13 +182,8 @@ def too_many_nodes(body: bytes) -> bool:
     return body.count(b"{") > 2 * MAX_NODES + 16 or body.count(b",") > 16 * MAX_NODES
 
 
-def parse_lookup(body: Any, skipped: list[Skipped] | None = None) -> TopicLayout:
-    """Parse a ``/lookup`` answer (already JSON-decoded).
-
-    Bad producer or partition entries and a malformed ``meta`` are left out and, when
-    ``skipped`` is given, appended to it. Raises :class:`ProtocolError` only when the answer
-    as a whole is unusable.
-    """
+def _producers(body: Any) -> tuple[dict[Any, Any], list[Any]]:
+    """The answer's object and its ``producers`` list; ProtocolError if either is unusable."""
     data = unwrap(body)
     if not isinstance(data, dict):
         raise ProtocolError(f"lookupd answer is not a JSON object: {data!r:.100}")
@@ -197,6 +192,17 @@ def parse_lookup(body: Any, skipped: list[Skipped] | None = None) -> TopicLayout
         producers = []
     if not isinstance(producers, list):
         raise ProtocolError("lookupd answer has a non-list 'producers'")
+    return data, producers
+
+
+def parse_lookup(body: Any, skipped: list[Skipped] | None = None) -> TopicLayout:
+    """Parse a ``/lookup`` answer (already JSON-decoded).
+
+    Bad producer or partition entries and a malformed ``meta`` are left out and, when
+    ``skipped`` is given, appended to it. Raises :class:`ProtocolError` only when the answer
+    as a whole is unusable.
+    """
+    data, producers = _producers(body)
     raw_parts = data.get("partitions")
     if raw_parts is None:
         raw_parts = {}
@@ -236,14 +242,7 @@ def parse_nodes(body: Any, skipped: list[Skipped] | None = None) -> dict[str, tu
     ``/lookup`` leaves out tombstoned ones): one request answers for every topic. Bad entries
     are skipped as in :func:`parse_lookup`.
     """
-    data = unwrap(body)
-    if not isinstance(data, dict):
-        raise ProtocolError(f"lookupd answer is not a JSON object: {data!r:.100}")
-    producers = data.get("producers")
-    if producers is None:
-        producers = []
-    if not isinstance(producers, list):
-        raise ProtocolError("lookupd answer has a non-list 'producers'")
+    _, producers = _producers(body)
     if len(producers) > MAX_NODES:
         raise ProtocolError(f"lookupd answer lists more than {MAX_NODES} nsqd")
     found: dict[str, dict[Node, None]] = {}
