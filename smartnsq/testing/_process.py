@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal as _signal
 import socket
 import subprocess
@@ -35,14 +36,37 @@ class ServerError(RuntimeError):
 _handed_out: set[int] = set()
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel picks a client socket's local port from (Linux's setting, else
+    the IANA range other systems use)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
 def free_port() -> int:
     """A currently free TCP port on 127.0.0.1, never one this process handed out before.
 
-    The kernel may offer the same ephemeral port to two consecutive bind(0) calls once the
-    first socket is closed, so remembering what we gave away matters (a daemon configured
-    with two equal ports dies on start). A tiny race with other processes remains.
+    It is taken from just below the ephemeral range: a port from ``bind(0)`` is free only
+    until the daemon binds it, and meanwhile any process's outgoing connection (a test's
+    client, in this very process) may be given it; CI saw nsqd die of "address already in
+    use" that way. Below the range only another explicit bind can take it.
     """
-    while True:
+    low = ephemeral_ports()[0]
+    for _ in range(1000):
+        port = random.randrange(max(1024, low - 12000), low)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue  # in use (or a TIME_WAIT the daemon might not reuse)
+        _handed_out.add(port)
+        return port
+    while True:  # that whole stretch taken: fall back to the kernel's choice
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((HOST, 0))
             port = int(s.getsockname()[1])

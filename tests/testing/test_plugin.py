@@ -13,7 +13,7 @@ import pytest
 
 from compat.servers import ensure_binaries
 from smartnsq.testing import BIN_DIR_ENV
-from smartnsq.testing._process import pid_alive
+from smartnsq.testing._process import ephemeral_ports, free_port, pid_alive
 
 USER_TESTS = """
 import anyio
@@ -167,3 +167,12 @@ def test_the_plugin_is_registered_under_its_name(pytestconfig: pytest.Config) ->
     plugin = pytestconfig.pluginmanager.get_plugin("smartnsq")
     assert plugin is not None and plugin.__name__ == "smartnsq.testing.plugin"
     assert os.path.basename(plugin.__file__ or "") == "plugin.py"
+
+
+def test_free_ports_are_outside_the_range_client_sockets_get() -> None:
+    # A port in the ephemeral range can be given to any outgoing connection before the
+    # daemon binds it (nsqd then dies of "address already in use").
+    low, high = ephemeral_ports()
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert all(1024 <= p < low for p in ports), (low, high, ports)
