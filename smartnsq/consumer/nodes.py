@@ -31,7 +31,7 @@ from smartnsq.errors import (
     TagNotSupported,
 )
 from smartnsq.lookup.model import Node
-from smartnsq.lookup.shared import SharedLookup, shared_lookup
+from smartnsq.lookup.shared import SharedLookup, poll_wait, shared_lookup
 from smartnsq.notice import topic_missing
 from smartnsq.observe.logs import OncePerKind
 from smartnsq.protocol import commands
@@ -299,13 +299,8 @@ class Nodes:
                     wait = due - anyio.current_time()
                 else:
                     due = None
-                    j = options.lookupd_poll_jitter
-                    wait = options.lookupd_poll_interval * random.uniform(1 - j, 1 + j)
-                    if failed:
-                        # No lookupd answered: ask again soon (1, 2, 4 s ...), not a whole
-                        # poll interval later (60 s by default), which a consumer started
-                        # while its lookupds were briefly unreachable spent doing nothing.
-                        wait = min(wait, 2.0 ** min(failed - 1, 10) * random.uniform(0.75, 1.0))
+                    interval, jitter = options.lookupd_poll_interval, options.lookupd_poll_jitter
+                    wait = poll_wait(interval, jitter, failed)
                 with anyio.move_on_after(wait):
                     await requery.wait()
                 if requery.is_set():

@@ -44,7 +44,7 @@ class SharedLookup:
         self.jitter = jitter
         self.topics: Counter[str] = Counter()  # topic -> consumers polling it
         self.failed = 0  # rounds in a row that reached no lookupd
-        self.due = anyio.current_time() + self._interval()
+        self.due = anyio.current_time() + poll_wait(interval, jitter, 0)
         self._answer: tuple[float, dict[str, tuple[Node, ...]] | None] | None = None
         self._pending: anyio.Event | None = None
 
@@ -84,16 +84,19 @@ class SharedLookup:
             self.failed = 0 if found is not None else self.failed + 1
             self._schedule()
 
-    def _interval(self) -> float:
-        j = self.jitter
-        return self.interval * random.uniform(1 - j, 1 + j)
-
     def _schedule(self) -> None:
-        wait = self._interval()
-        if self.failed:
-            # As a consumer's own poll does: soon (1, 2, 4 s ...), not a whole interval later.
-            wait = min(wait, 2.0 ** min(self.failed - 1, 10) * random.uniform(0.75, 1.0))
-        self.due = anyio.current_time() + wait
+        self.due = anyio.current_time() + poll_wait(self.interval, self.jitter, self.failed)
+
+
+def poll_wait(interval: float, jitter: float, failed: int) -> float:
+    """How long until the next lookupd poll: ``interval`` with ``jitter``, or after
+    ``failed`` polls in a row reached no lookupd, soon (1, 2, 4 s ...): a consumer started
+    while its lookupds were briefly unreachable must not spend a whole interval (60 s by
+    default) doing nothing."""
+    wait = interval * random.uniform(1 - jitter, 1 + jitter)
+    if failed:
+        wait = min(wait, 2.0 ** min(failed - 1, 10) * random.uniform(0.75, 1.0))
+    return wait
 
 
 @asynccontextmanager
@@ -123,4 +126,4 @@ async def shared_lookup(
             await shared.manager.__aexit__(None, None, None)
 
 
-__all__ = ["BATCH_FROM", "SharedLookup", "shared_lookup"]
+__all__ = ["BATCH_FROM", "SharedLookup", "poll_wait", "shared_lookup"]
