@@ -10,6 +10,7 @@ import socket
 import ssl
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -60,6 +61,21 @@ def http_json(url: str, method: str = "GET") -> Any:
     with urllib.request.urlopen(req, timeout=5) as resp:
         body = resp.read()
     return json.loads(body) if body else None
+
+
+def listed_producers(lookupd_http: str, topic: str) -> list[dict[str, Any]]:
+    """The producers a lookupd lists for ``topic``; none while it still answers 404.
+
+    nsqd registers a new topic with its lookupds a moment after creating it, and nsqlookupd
+    answers 404 for a topic it does not know yet, so a test waiting for registration polls this.
+    """
+    try:
+        answer = http_json(f"http://{lookupd_http}/lookup?topic={topic}")
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return []
+        raise
+    return list(answer.get("producers") or [])
 
 
 def topic_stats(nsqd_http: str, topic: str) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ from tests.helpers import (
     channel_stats,
     create_channel,
     http_json,
+    listed_producers,
     unique,
     wait_until,
 )
@@ -1004,9 +1005,7 @@ async def test_producers_are_the_union_of_every_lookupd_answer(cluster_factory, 
     n0, n1 = cluster.nsqd
     for lookupd in (l0, l1):
         await wait_until(
-            lambda lookupd=lookupd: (
-                len(http_json(f"http://{lookupd}/lookup?topic={topic}")["producers"]) == 2
-            ),
+            lambda lookupd=lookupd: len(listed_producers(lookupd, topic)) == 2,
             10,
             f"both nsqd registered with {lookupd}",
         )

@@ -7,7 +7,6 @@ import itertools
 import logging
 import math
 import time
-import urllib.error
 from collections import Counter
 
 import anyio
@@ -17,7 +16,7 @@ from compat.youzan import create_topic
 from smartnsq import Consumer, Message, Producer, partition_offsets
 from smartnsq.errors import InvalidArgument, NotSupported, OffsetOutOfRange, TopicNotFound
 from smartnsq.protocol.message import partition_of
-from tests.helpers import http_json, lookupds, unique, wait_until
+from tests.helpers import listed_producers, lookupds, unique, wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -26,13 +25,6 @@ pytestmark = [
 ]
 
 Body = tuple[int, bytes]  # (partition, body)
-
-
-def known(lookupd: str, topic: str) -> bool:
-    try:
-        return bool(http_json(f"http://{lookupd}/lookup?topic={topic}").get("producers"))
-    except urllib.error.HTTPError:
-        return False
 
 
 async def publish(cluster, topic: str, tag: str, per_partition: int, partitions=(0, 1)) -> list:
@@ -362,7 +354,7 @@ async def test_bad_start_and_partitions_are_refused_on_start(
     classic = lookupds(classic_cluster)
     async with Producer(classic_cluster.nsqd[0].tcp) as producer:
         await producer.publish("plain", b"x")
-    await wait_until(lambda: known(classic[0], "plain"), 10, "lookupd to list the topic")
+    await wait_until(lambda: listed_producers(classic[0], "plain"), 10, "lookupd to list the topic")
     with pytest.raises(NotSupported, match="Youzan"):
         await partition_offsets("plain", lookupd_http_addresses=classic)
     for options in ({"start": "earliest"}, {"partitions": [0]}, {"advanced": True}):

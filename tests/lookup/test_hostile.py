@@ -32,6 +32,7 @@ from tests.helpers import (
     fake_api,
     http_json,
     json_body,
+    listed_producers,
     never_answer,
     raw,
     unique,
@@ -234,9 +235,7 @@ async def test_clients_reach_nsqd_through_the_healthy_lookupd(
     real = classic_cluster.lookupd[0].http
     topic = unique("hostile")
     http_json(f"http://{nsqd_http}/topic/create?topic={topic}", "POST")
-    await wait_until(
-        lambda: http_json(f"http://{real}/lookup?topic={topic}")["producers"], 10, "registration"
-    )
+    await wait_until(lambda: listed_producers(real, topic), 10, "registration")
     bodies = [f"m{i}".encode() for i in range(20)]
     caplog.set_level(logging.WARNING, logger="smartnsq")
     async with fake_api() as hostile:

@@ -26,6 +26,7 @@ from tests.helpers import (
     fake_api,
     http_json,
     http_response,
+    listed_producers,
     unique,
     wait_until,
 )
@@ -60,8 +61,8 @@ async def counted(lookupd: str, refuse_nodes: bool = False) -> AsyncIterator[Fak
 
 
 def registered(lookupd: str, topic: str, nsqd: Any) -> bool:
-    answer = http_json(f"http://{lookupd}/lookup?topic={topic}")
-    return any(p["http_port"] == int(nsqd.http.rsplit(":", 1)[1]) for p in answer["producers"])
+    port = int(nsqd.http.rsplit(":", 1)[1])
+    return any(p["http_port"] == port for p in listed_producers(lookupd, topic))
 
 
 async def consumers(

@@ -4,7 +4,6 @@ that lookupd only, and the healthy one (a real nsqlookupd) is used."""
 from __future__ import annotations
 
 import time
-import urllib.error
 
 import anyio
 import anyio.abc
@@ -17,8 +16,8 @@ from tests.helpers import (
     create_channel,
     drain,
     fake_http,
-    http_json,
     http_response,
+    listed_producers,
     unique,
     wait_until,
 )
@@ -28,19 +27,12 @@ pytestmark = [pytest.mark.reliability, pytest.mark.integration, pytest.mark.anyi
 NOT_FOUND = http_response(404, b'{"message":"NOT_FOUND"}')
 
 
-def _listed(lookupd_http: str, topic: str) -> bool:
-    try:
-        return bool(http_json(f"http://{lookupd_http}/lookup?topic={topic}")["producers"])
-    except urllib.error.HTTPError:
-        return False
-
-
 async def _topic_on_lookupd(cluster: object, topic: str) -> str:
     """Create ``topic`` (with channel ``ch``) and wait until the real lookupd lists it."""
     nsqd = cluster.nsqd[0]  # type: ignore[attr-defined]
     real: str = cluster.lookupd[0].http  # type: ignore[attr-defined]
     create_channel(nsqd.http, topic, "ch")
-    await wait_until(lambda: _listed(real, topic), 10, "the lookupd to list the topic")
+    await wait_until(lambda: listed_producers(real, topic), 10, "the lookupd to list the topic")
     return real
 
 
