@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import mmap
 import ssl
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol, cast
@@ -95,17 +96,33 @@ async def open_link(host: str, port: int) -> Link:
     return StreamLink(await anyio.connect_tcp(host, port))
 
 
+# One read buffer per event loop, shared by all its connections. A loop fills a buffer and
+# calls buffer_updated() (which copies the bytes out) before it starts any other read, so one
+# buffer serves them all. A buffer per connection kept the pages its largest read had touched
+# resident for as long as the connection lived: several per busy connection.
+_read_buffers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, memoryview] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def read_buffer(loop: asyncio.AbstractEventLoop) -> memoryview:
+    """The buffer ``loop`` reads every connection's bytes into."""
+    buf = _read_buffers.get(loop)
+    if buf is None:
+        # Anonymous memory: pages become resident only as reads fill them (bytearray()
+        # zero-fills, touching every page).
+        buf = _read_buffers[loop] = memoryview(mmap.mmap(-1, _READ_SIZE))
+    return buf
+
+
 class AsyncioLink(asyncio.BufferedProtocol):
-    # A buffered protocol: the loop reads into one buffer kept for the connection. A plain
-    # protocol's loop calls recv(256 KiB) for every read, and allocating (then shrinking) that
-    # much for a 60-byte answer or one ordered message cost a quarter of a Consumer's CPU on
-    # ordered partitions (measured: 52 against 39 µs per message).
+    # A buffered protocol: the loop reads into a buffer kept for it. A plain protocol's loop
+    # calls recv(256 KiB) for every read, and allocating (then shrinking) that much for a
+    # 60-byte answer or one ordered message cost a quarter of a Consumer's CPU on ordered
+    # partitions (measured: 52 against 39 µs per message).
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        # Anonymous memory: pages become resident only as reads fill them, so a connection
-        # that only ever reads small frames costs a page or two, not 256 KiB (bytearray()
-        # zero-fills, touching every page: 200 idle connections held 52 MB).
-        self._rbuf = memoryview(mmap.mmap(-1, _READ_SIZE))
+        self._rbuf = read_buffer(loop)
         self._transport: asyncio.Transport | None = None
         self._chunks: deque[bytes] = deque()
         self._readable: asyncio.Future[None] | None = None
