@@ -30,6 +30,21 @@ def test_plain_identify_then_done():
     assert hs.features.max_rdy_count == 2500 and hs.features.version == "1.3.0"
 
 
+def test_connections_given_the_same_reply_share_its_features():
+    # 1,000 consumers on two nsqd hold 2,000 of them: one each per reply, not per connection
+    features = []
+    for max_rdy in (2500, 2500, 100):
+        hs = Handshake("n:4150", "n", ConnectionConfig())
+        hs.start()
+        assert hs.reply(FRAME_RESPONSE, reply(max_rdy_count=max_rdy)) is None
+        features.append(hs.features)
+    assert features[0] is features[1]
+    assert features[2] is not features[0] and features[2].max_rdy_count == 100
+    assert features[0].raw == {"max_rdy_count": 2500, "version": "1.3.0"}
+    with pytest.raises(TypeError):  # shared: one connection cannot change another's
+        features[0].raw["version"] = "x"  # type: ignore[index]
+
+
 def test_tls_then_snappy_then_auth_in_that_order():
     cfg = ConnectionConfig(tls=True, snappy=True, auth_secret="s3cret")
     hs = Handshake("n:4150", "n", cfg)
