@@ -8,9 +8,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import anyio
-
 from smartnsq.transport import running_on_asyncio
+from smartnsq.wakeup import Wakeup
 
 log = logging.getLogger("smartnsq.consumer")
 
@@ -29,17 +28,19 @@ class Inbox:
     also called on a bare :meth:`wake`, for what threads keep elsewhere.
 
     :meth:`run` (a task) does the handling, so ``handle`` may start tasks and use anything
-    else that needs one. At most one wake-up of that task is pending at a time: items put
+    else that needs one; or, with ``kick``, a task the caller already has: ``kick(fn)`` must
+    have some task call ``fn()`` soon. At most one wake-up is pending at a time: items put
     while one is pending ride along with it, so a busy producer costs one loop call per
     batch, not per item. Create it on the loop's thread.
     """
 
-    __slots__ = ("_call", "_event", "_handle", "_items", "_quick", "closed", "scheduled")
+    __slots__ = ("_call", "_event", "_handle", "_items", "_kick", "_quick", "closed", "scheduled")
 
     def __init__(
         self,
         handle: Callable[[deque[Any]], None],
         quick: Callable[[], bool] | None = None,
+        kick: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
         self._call = loop_caller()
         self._handle = handle
@@ -47,7 +48,8 @@ class Inbox:
         # task switch before it runs); returns False when the task must run after all.
         self._quick = quick
         self._items: deque[Any] = deque()
-        self._event = anyio.Event()
+        self._kick = kick
+        self._event = Wakeup() if kick is None else None
         self.scheduled = False
         self.closed = False
 
@@ -86,15 +88,22 @@ class Inbox:
                     return
             except Exception:
                 log.exception("handling results from handler threads failed")
-        self._event.set()
+        if self._event is not None:
+            self._event.set()
+        else:
+            assert self._kick is not None
+            self._kick(self._woken)
 
     async def run(self) -> None:
-        """Handle what arrives, until cancelled."""
+        """Handle what arrives, until cancelled (without ``kick``)."""
+        assert self._event is not None
         while True:
             await self._event.wait()
-            self._event = anyio.Event()
-            self.scheduled = False
-            self.drain()
+            self._woken()
+
+    def _woken(self) -> None:
+        self.scheduled = False
+        self.drain()
 
     def drain(self) -> None:
         """Call ``handle`` with what is queued now, even if nothing (on the loop)."""

@@ -365,9 +365,10 @@ class Consumer:
         self._state.thread, self._state.forks = owner()
 
     def _start_tasks(self) -> None:
-        self._threads.start()
+        # With an async handler the workers' task also runs what the inbox carries over from
+        # other threads: one task less per consumer.
+        self._threads.start(self._workers.soon if self._options.async_handler else None)
         self._nodes.start()
-        self._state.spawn(self._pacing.run)
         if self._answers.dead is not None:
             self._state.spawn(self._answers.dead.run)
         if self._options.auto_touch:

@@ -36,6 +36,7 @@ from smartnsq.notice import topic_missing
 from smartnsq.observe.logs import OncePerKind
 from smartnsq.protocol import commands
 from smartnsq.protocol.tags import check_tag_subscription
+from smartnsq.wakeup import Wakeup
 
 log = logging.getLogger("smartnsq.consumer")
 
@@ -72,7 +73,7 @@ class Nodes:
         self.announced: set[Target] = set()  # "subscribed again" logged in this outage
         self.nodes: dict[Target, Node] = {}  # partition leaders, for the start's HTTP calls
         self.lookup_failures = 0
-        self.requery = anyio.Event()
+        self.requery = Wakeup()
         # The subscription mode, following the topic when the options leave it open.
         self.ordered = bool(options.ordered)
         self.ext = bool(options.ext) or options.desired_tag is not None  # tags: ext only
@@ -292,7 +293,8 @@ class Nodes:
                 # Rate limit: re-queries triggered by dropped connections wait at least 1 s.
                 await anyio.sleep(max(0.0, last + 1.0 - anyio.current_time()))
                 last = anyio.current_time()
-                self.requery = requery = anyio.Event()
+                requery = self.requery
+                requery.clear()  # a connection lost from here on asks again at once
                 failed = 0 if await self._query_lookupds(shared, due) else failed + 1
                 if shared.batched:
                     due = shared.due  # one round for every consumer; it backs off itself
@@ -301,9 +303,9 @@ class Nodes:
                     due = None
                     interval, jitter = options.lookupd_poll_interval, options.lookupd_poll_jitter
                     wait = poll_wait(interval, jitter, failed)
-                with anyio.move_on_after(wait):
+                with anyio.move_on_after(wait) as waited:
                     await requery.wait()
-                if requery.is_set():
+                if not waited.cancelled_caught:
                     due = None  # a lost connection: this topic, now
 
     async def _query_lookupds(self, shared: SharedLookup, due: float | None) -> bool:

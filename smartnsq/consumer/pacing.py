@@ -15,6 +15,7 @@ import anyio
 
 from smartnsq.backoff import RESUME, Backoff, Window
 from smartnsq.consumer.state import State
+from smartnsq.consumer.subscription import Subscription
 from smartnsq.rdy import distribute
 
 log = logging.getLogger("smartnsq.consumer")
@@ -23,11 +24,11 @@ PROBE_MOVE = 0.5  # seconds a backoff probe waits on a connection before it move
 
 
 class Pacing:
-    __slots__ = ("backoff", "enabled", "state", "wake")
+    __slots__ = ("backoff", "enabled", "looking", "state")
 
     def __init__(self, state: State) -> None:
         self.state = state
-        self.wake: anyio.Event | None = None  # set when RDY needs the periodic look again
+        self.looking = False  # a task looks at RDY every interval (the share is uneven)
         options = state.options
         self.enabled = options.backoff
         self.backoff = Backoff(options.backoff_unit, options.max_backoff_duration)
@@ -84,7 +85,26 @@ class Pacing:
 
     def redistribute(self) -> bool:
         """Hand out ``max_in_flight`` again. True when there is nothing a later look could
-        change before something else calls this (an even share, a backoff, no connection)."""
+        change before something else calls this (an even share, a backoff, no connection);
+        else a task looks again every ``rdy_redistribute_interval`` until that is so."""
+        settled = self._share()
+        if not settled and not self.looking:
+            self.looking = self.state.spawn(self._look)
+        return settled
+
+    async def _look(self) -> None:
+        # Only while the share is uneven: a consumer whose share is settled (the usual
+        # case) keeps no task for it. 1,000 idle consumers waking every 5 s to find nothing
+        # to do were half of their process's idle CPU, and a task each held ~4 KB.
+        try:
+            while not self.state.stopping:
+                await anyio.sleep(self.state.options.rdy_redistribute_interval)
+                if self._share():
+                    return
+        finally:
+            self.looking = False
+
+    def _share(self) -> bool:
         state = self.state
         if state.stopping:
             return True
@@ -96,13 +116,13 @@ class Pacing:
                 for s in subs:
                     s.set_rdy(0)
             return True  # the backoff window decides
-        mif, n = state.max_in_flight, len(subs)
-        if mif >= n and not mif % n:
-            # An even share with no remainder and no cap: distribute() would hand every
-            # connection what it has, now and at every later look.
-            share = mif // n
-            if all(s.rdy == share and s.max_rdy >= share for s in subs):
-                return True
+        mif = state.max_in_flight
+        if not mif:
+            for s in subs:
+                s.set_rdy(0)
+            return True
+        if _even(mif, subs):
+            return True
         now = time.monotonic()
         options = state.options
         targets = distribute(
@@ -115,9 +135,7 @@ class Pacing:
         for target, sub in sorted(zip(targets, subs, strict=True), key=lambda t: t[0] - t[1].rdy):
             if target != sub.rdy:
                 sub.set_rdy(target)
-        if self.wake is not None:
-            self.wake.set()
-        return False
+        return _even(mif, subs)
 
     def pause(self) -> None:
         """RDY 0 everywhere, and no backoff window reopens it (stopping)."""
@@ -125,14 +143,12 @@ class Pacing:
         for sub in self.state.subs.values():
             sub.set_rdy(0)
 
-    async def run(self) -> None:
-        """Recompute RDY every ``rdy_redistribute_interval`` while a look may change it.
 
-        Once it is settled, wait for a change instead: 1,000 idle consumers waking every 5 s
-        to find nothing to do were half of their process's idle CPU.
-        """
-        while True:
-            await anyio.sleep(self.state.options.rdy_redistribute_interval)
-            if self.redistribute():
-                self.wake = wake = anyio.Event()
-                await wake.wait()
+def _even(mif: int, subs: list[Subscription]) -> bool:
+    """An even share with no remainder and no cap is in place: distribute() would hand every
+    connection what it has, now and at every later look."""
+    n = len(subs)
+    if mif < n or mif % n:
+        return False
+    share = mif // n
+    return all(s.rdy == share and s.max_rdy >= share for s in subs)

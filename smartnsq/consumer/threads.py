@@ -276,12 +276,16 @@ class Threads:
         self.inbox: Inbox | None = None
         self.fin_subs: dict[int, Subscription] = {}  # thread index -> where its FINs go
 
-    def start(self) -> None:
-        """On the loop: the inbox, and the pool for a plain ``def`` handler."""
+    def start(self, kick: Callable[[Callable[[], None]], None] | None = None) -> None:
+        """On the loop: the inbox, and the pool for a plain ``def`` handler. ``kick``: a task
+        the inbox can have its handling run in (see :class:`~smartnsq.inbox.Inbox`), else it
+        gets one of its own."""
         state = self.state
         options = state.options
-        self.inbox = self.answers.inbox = Inbox(self._on_inbox, partial(self._send_fins, False))
-        state.spawn(self.inbox.run)
+        quick = partial(self._send_fins, False)
+        self.inbox = self.answers.inbox = Inbox(self._on_inbox, quick, kick)
+        if kick is None:
+            state.spawn(self.inbox.run)
         if options.handler is not None and not options.async_handler:
             self.pool = SyncPool(options.handler, options.workers, self.inbox, options.max_attempts)
             state.spawn(self._watch, self.pool)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections import deque
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from types import CoroutineType
 from typing import Any
 
@@ -25,6 +25,7 @@ from smartnsq.consumer.subscription import Subscription
 from smartnsq.errors import ConnectionClosed
 from smartnsq.idle import IdleWorkers
 from smartnsq.message import Message
+from smartnsq.wakeup import Wakeup
 
 # A handling begun in the read callback that has to wait: the message, and the handler's
 # coroutine with what it yielded (or None with the awaitable a plain function returned).
@@ -35,7 +36,9 @@ class Workers:
     __slots__ = (
         "adding",
         "answers",
+        "calls",
         "coming",
+        "ended",
         "idle",
         "limit",
         "pulled",
@@ -60,8 +63,10 @@ class Workers:
         # is queued now, so a queued message needs no further worker while one is coming.
         self.coming = 0
         # Set to have run() start ``adding`` more workers (None until it runs: pulling).
-        self.wanted: anyio.Event | None = None
+        self.wanted: Wakeup | None = None
         self.adding = 0
+        self.calls: deque[Callable[[], None]] = deque()  # for run() to call: see soon()
+        self.ended = False
 
     async def pull(self) -> Message:
         """The next message for ``async for``; the one pulled before is finished (unless
@@ -113,24 +118,43 @@ class Workers:
             self.adding += 1
             wanted.set()
 
+    def soon(self, fn: Callable[[], None]) -> None:
+        """Have :meth:`run`'s task call ``fn`` (on the loop, from outside any task: a
+        transport callback, or what another thread carried over), so that ``fn`` may start
+        tasks. Once run() is over (stopping), ``fn`` is called right here."""
+        if self.ended:
+            fn()
+            return
+        self.calls.append(fn)
+        if self.wanted is not None:
+            self.wanted.set()
+
     async def run(self) -> None:
         self.slots = []
-        with anyio.CancelScope() as scope:
-            self.scope = scope
-            async with anyio.create_task_group() as tg:
-                # Workers start here, in this task: a read arrives in a transport callback,
-                # outside any task, where a task group cannot start one (under a plain
-                # asyncio.run() the task was never run).
-                self.wanted = anyio.Event()
-                if self.queue:  # queued before the start
-                    self.grow()
-                while True:
-                    await self.wanted.wait()
-                    self.wanted = anyio.Event()
-                    while self.adding:
-                        self.adding -= 1
-                        self.slots.append(None)
-                        tg.start_soon(self._worker, len(self.slots) - 1)
+        try:
+            with anyio.CancelScope() as scope:
+                self.scope = scope
+                async with anyio.create_task_group() as tg:
+                    # Workers start here, in this task: a read arrives in a transport
+                    # callback, outside any task, where a task group cannot start one (under
+                    # a plain asyncio.run() the task was never run).
+                    self.wanted = wanted = Wakeup()
+                    if self.queue:  # queued before the start
+                        self.grow()
+                    calls = self.calls
+                    while True:
+                        if not calls:
+                            await wanted.wait()
+                        while self.adding:
+                            self.adding -= 1
+                            self.slots.append(None)
+                            tg.start_soon(self._worker, len(self.slots) - 1)
+                        while calls:
+                            calls.popleft()()
+        finally:
+            self.ended = True
+            while self.calls:
+                self.calls.popleft()()
 
     async def _worker(self, slot: int) -> None:
         # The async-handler hot path: no task, future or event per message. The handler's

@@ -1,12 +1,17 @@
-"""Pacing's periodic redistribute (no sockets): an even share already in place is left alone
-(it runs every few seconds for every consumer), anything else is still corrected."""
+"""Pacing's redistribute (no sockets): an even share already in place is left alone and keeps
+no task looking at it (one per consumer, for 1,000 consumers), anything else is still
+corrected every interval."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import trio
 import trio.testing
 
-from smartnsq.consumer.pacing import Pacing
+import smartnsq.consumer.pacing as pacing_module
+from smartnsq.rdy import distribute
 from tests.consumer.test_parts import Parts
 
 
@@ -30,35 +35,37 @@ def test_an_even_share_in_place_is_kept_and_a_changed_one_restored() -> None:
     assert (s1.rdy, s2.rdy) == (2, 8)
 
 
-class CountingPacing(Pacing):
-    """Pacing that counts its looks at RDY."""
-
-    looks = 0
-
-    def redistribute(self) -> bool:
-        self.looks += 1
-        return super().redistribute()
-
-
-def test_a_settled_share_waits_for_a_change_instead_of_waking_every_interval() -> None:
+def test_a_settled_share_keeps_no_task_and_an_uneven_one_is_looked_at_every_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Trio's mock clock jumps over sleeps: a simulated hour takes no real time.
     p = Parts(max_in_flight=10, rdy_redistribute_interval=5.0)
-    pacing = p.pacing = CountingPacing(p.state)
     (s1, _), (s2, _) = p.subscribe("n1:4150"), p.subscribe("n2:4150")
+    looks = [0]
+
+    def counting(*args: Any, **kwargs: Any) -> list[int]:
+        looks[0] += 1
+        return distribute(*args, **kwargs)
+
+    monkeypatch.setattr(pacing_module, "distribute", counting)
     checks: dict[str, object] = {}
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(pacing.run)
+            p.state.tg = nursery  # type: ignore[assignment]  # what spawn() starts tasks in
+            assert p.pacing.redistribute()  # the even share set at once: settled
             await trio.sleep(3600)
-            checks["settled"] = (pacing.looks, s1.rdy, s2.rdy)
+            checks["settled"] = (looks[0], s1.rdy, s2.rdy, len(nursery.child_tasks))
             p.state.max_in_flight = 11  # an uneven share: RDY moves with time again
-            pacing.redistribute()
-            before = pacing.looks
+            assert not p.pacing.redistribute()
+            before = looks[0]
             await trio.sleep(62.5)  # off the 5 s grid: no tie between two wake-ups
-            checks["uneven"] = pacing.looks - before
-            nursery.cancel_scope.cancel()
+            checks["uneven"] = (looks[0] - before, len(nursery.child_tasks))
+            p.state.max_in_flight = 10
+            await trio.sleep(5)  # the next look finds the even share restored, and ends
+            checks["settled again"] = (sorted((s1.rdy, s2.rdy)), len(nursery.child_tasks))
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert checks["settled"] == (2, 5, 5)  # one look set the even share, one found it settled
-    assert checks["uneven"] == 12  # every 5 s while the share is uneven (5 ... 60 s)
+    assert checks["settled"] == (1, 5, 5, 0)  # one look set the share; no task looks again
+    assert checks["uneven"] == (12, 1)  # every 5 s while the share is uneven (5 ... 60 s)
+    assert checks["settled again"] == ([5, 5], 0)
