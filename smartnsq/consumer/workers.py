@@ -65,7 +65,7 @@ class Workers:
         # Set to have run() start ``adding`` more workers (None until it runs: pulling).
         self.wanted: Wakeup | None = None
         self.adding = 0
-        self.calls: deque[Callable[[], None]] = deque()  # for run() to call: see soon()
+        self.calls: list[Callable[[], None]] = []  # for run() to call: see soon()
         self.ended = False
 
     async def pull(self) -> Message:
@@ -141,20 +141,23 @@ class Workers:
                     self.wanted = wanted = Wakeup()
                     if self.queue:  # queued before the start
                         self.grow()
-                    calls = self.calls
                     while True:
-                        if not calls:
+                        if not self.calls:
                             await wanted.wait()
                         while self.adding:
                             self.adding -= 1
                             self.slots.append(None)
                             tg.start_soon(self._worker, len(self.slots) - 1)
-                        while calls:
-                            calls.popleft()()
+                        self._call_soon_calls()
         finally:
             self.ended = True
-            while self.calls:
-                self.calls.popleft()()
+            self._call_soon_calls()
+
+    def _call_soon_calls(self) -> None:
+        while self.calls:
+            calls, self.calls = self.calls, []
+            for fn in calls:
+                fn()
 
     async def _worker(self, slot: int) -> None:
         # The async-handler hot path: no task, future or event per message. The handler's
