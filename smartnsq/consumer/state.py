@@ -3,6 +3,7 @@ the task group its background work runs in, and the thread that owns it."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
@@ -19,6 +20,7 @@ log = logging.getLogger("smartnsq.consumer")
 
 class State:
     __slots__ = (
+        "defer",
         "forks",
         "max_in_flight",
         "options",
@@ -40,6 +42,9 @@ class State:
         self.thread: int | None = None
         self.forks = FORKS[0]
         self.received = 0
+        # Has a task of the consumer call a function soon (set on start): spawn() uses it
+        # when called outside any task, where anyio cannot start one.
+        self.defer: Callable[[Callable[[], None]], None] | None = None
 
     def usable(self) -> list[Subscription]:
         return [s for s in self.subs.values() if s.conn.usable]
@@ -49,8 +54,15 @@ class State:
         False)."""
         if self.tg is None:
             return False
+        if self.defer is not None and _outside_task():  # a loop callback
+            self.defer(lambda: self._start_later(fn, args))
+            return True
         self.tg.start_soon(fn, *args)
         return True
+
+    def _start_later(self, fn: Callable[..., Coroutine[Any, Any, Any]], args: Any) -> None:
+        if self.tg is not None and not self.stopping:
+            self.tg.start_soon(fn, *args)
 
     def call_back(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
         """Call a user's callback: its exceptions are logged; an awaitable it returns is
@@ -68,3 +80,10 @@ async def _await(what: str, awaitable: Awaitable[Any]) -> None:
         await awaitable
     except Exception:
         log.exception("%s callback failed", what)
+
+
+def _outside_task() -> bool:
+    try:
+        return asyncio.current_task() is None
+    except RuntimeError:  # not asyncio: trio starts tasks from its callbacks too
+        return False

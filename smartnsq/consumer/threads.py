@@ -283,7 +283,8 @@ class Threads:
         state = self.state
         options = state.options
         quick = partial(self._send_fins, False)
-        self.inbox = self.answers.inbox = Inbox(self._on_inbox, quick, kick)
+        self.inbox = inbox = self.answers.inbox = Inbox(self._on_inbox, quick, kick)
+        state.defer = lambda fn: inbox.put((CALL, fn, ()))
         if kick is None:
             state.spawn(self.inbox.run)
         if options.handler is not None and not options.async_handler:

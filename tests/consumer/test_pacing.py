@@ -4,8 +4,10 @@ corrected every interval."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import anyio
 import pytest
 import trio
 import trio.testing
@@ -13,6 +15,7 @@ import trio.testing
 import smartnsq.consumer.pacing as pacing_module
 from smartnsq.rdy import distribute
 from tests.consumer.test_parts import Parts
+from tests.helpers import wait_until
 
 
 def test_an_even_share_in_place_is_kept_and_a_changed_one_restored() -> None:
@@ -69,3 +72,30 @@ def test_a_settled_share_keeps_no_task_and_an_uneven_one_is_looked_at_every_inte
     assert checks["settled"] == (1, 5, 5, 0)  # one look set the share; no task looks again
     assert checks["uneven"] == (12, 1)  # every 5 s while the share is uneven (5 ... 60 s)
     assert checks["settled again"] == ([5, 5], 0)
+
+
+def test_an_uneven_share_set_from_a_loop_callback_still_gets_its_look() -> None:
+    # Outside any task (a loop callback, under a plain asyncio.run()), where anyio cannot
+    # start one: the look's task is started by one of the consumer's tasks instead (before,
+    # the callback raised NoEventLoopError and no look ever ran).
+    p = Parts(max_in_flight=11, rdy_redistribute_interval=0.01)
+    (s1, _), (s2, _) = p.subscribe("n1:4150"), p.subscribe("n2:4150")
+    settled: list[bool] = []
+    failed: list[object] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _, context: failed.append(context.get("exception")))
+        async with anyio.create_task_group() as tg:
+            p.state.tg = tg
+            p.threads.start()
+            loop.call_soon(lambda: settled.append(p.pacing.redistribute()))
+            await wait_until(lambda: failed or (settled and p.pacing.looking), 5, "the look")
+            assert not failed
+            assert settled == [False] and sorted((s1.rdy, s2.rdy)) == [5, 6]
+            p.state.max_in_flight = 10
+            await wait_until(lambda: not p.pacing.looking, 5, "the look ending once even")
+            assert (s1.rdy, s2.rdy) == (5, 5)
+            tg.cancel_scope.cancel()
+
+    asyncio.run(main())

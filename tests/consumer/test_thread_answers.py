@@ -42,9 +42,7 @@ async def test_finish_and_requeue_with_backoff_from_another_thread_reach_nsqd(
         stats = channel_stats(nsqd.http, topic, "c") or {}
         return stats.get("depth") == 0 and stats.get("in_flight_count") == 0
 
-    async with Consumer(
-        topic, "c", handler, nsqd_tcp_addresses=[nsqd.tcp], backoff_unit=0.05
-    ):
+    async with Consumer(topic, "c", handler, nsqd_tcp_addresses=[nsqd.tcp], backoff_unit=0.05):
         await wait_until(lambda: len(seen) == 4 and settled(), 15, "every answer on the wire")
         for thread in threads:
             thread.join()
