@@ -111,16 +111,13 @@ class Pacing:
         subs = state.usable()
         if not subs:
             return True
-        if self.backoff.level:
-            if state.max_in_flight == 0:
-                for s in subs:
-                    s.set_rdy(0)
-            return True  # the backoff window decides
         mif = state.max_in_flight
-        if not mif:
+        if not mif:  # paused, with or without a backoff
             for s in subs:
                 s.set_rdy(0)
             return True
+        if self.backoff.level:
+            return True  # the backoff window decides
         if _even(mif, subs):
             return True
         now = time.monotonic()
