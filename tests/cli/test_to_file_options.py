@@ -26,8 +26,18 @@ def _publish(nsqd_tcp: str, topic: str, bodies: list[str]) -> None:
 
 
 def _all_finished(nsqd_http: str, topic: str) -> bool:
+    # A new channel shows depth 0 before nsqd moves the topic's waiting messages into it, so
+    # also ask that the channel has been given every message the topic holds.
+    t = topic_stats(nsqd_http, topic)
     c = channel_stats(nsqd_http, topic, CHANNEL)
-    return c is not None and c["depth"] == 0 and c["in_flight_count"] == 0
+    return (
+        t is not None
+        and c is not None
+        and t["depth"] == 0
+        and c["message_count"] == t["message_count"]
+        and c["depth"] == 0
+        and c["in_flight_count"] == 0
+    )
 
 
 def _stop(proc) -> dict:
