@@ -36,6 +36,7 @@ from anyio.abc import SocketAttribute
 from anyio.streams.tls import TLSStream
 
 from smartnsq.errors import ConnectionClosed
+from smartnsq.protocol.tls import TLSCodec
 
 _READ_SIZE = 256 * 1024
 _FOREVER = 1e9  # seconds
@@ -133,6 +134,7 @@ class AsyncioLink(asyncio.BufferedProtocol):
         self._drained: asyncio.Future[None] | None = None
         self._wbuf: list[bytes] = []
         self._flush_scheduled = False
+        self._tls: TLSCodec | None = None
         self.compress: Callable[[bytes], bytes] | None = None
         self.last_read = loop.time()
 
@@ -159,9 +161,25 @@ class AsyncioLink(asyncio.BufferedProtocol):
         return self._rbuf
 
     def buffer_updated(self, nbytes: int) -> None:
-        # A copy: messages keep slices of what they were read from, and the buffer is reused.
-        data = bytes(self._rbuf[:nbytes])
         self.last_read = self._loop.time()
+        tls = self._tls
+        if tls is None:
+            # A copy: messages keep slices of what they were read from, and the buffer is
+            # reused.
+            data = bytes(self._rbuf[:nbytes])
+        else:
+            try:
+                data = tls.decrypt(self._rbuf[:nbytes])
+            except ssl.SSLError as exc:
+                self._finish(exc)
+                self.abort()
+                return
+            if tls.has_outgoing and self._transport is not None:
+                self._transport.write(tls.outgoing())
+            if not data:
+                if tls.closed:
+                    self._finish(None)
+                return
         on_data = self._on_data
         if on_data is None:
             self._chunks.append(data)
@@ -222,7 +240,7 @@ class AsyncioLink(asyncio.BufferedProtocol):
         transport = self._transport
         if transport is None or self._closed.done():
             raise ConnectionClosed("connection is closed")
-        if self._wbuf or self.compress is not None:
+        if self._wbuf or self.compress is not None or self._tls is not None:
             self._wbuf.append(data)
             self._flush()
         else:  # an ordered FIN's usual case
@@ -236,6 +254,8 @@ class AsyncioLink(asyncio.BufferedProtocol):
             buf.clear()
             if self.compress is not None:
                 data = self.compress(data)
+            if self._tls is not None:
+                data = self._tls.encrypt(data)
             self._transport.write(data)
 
     async def drain(self) -> None:
@@ -244,11 +264,26 @@ class AsyncioLink(asyncio.BufferedProtocol):
             await self._drained
 
     async def start_tls(self, context: ssl.SSLContext, hostname: str) -> None:
-        assert self._transport is not None
-        new = await self._loop.start_tls(self._transport, self, context, server_hostname=hostname)
-        if new is None:
-            raise ConnectionClosed("connection closed during the TLS upgrade")
-        self._transport = new
+        # Our own TLS on the plain transport (see smartnsq.protocol.tls), not loop.start_tls.
+        transport = self._transport
+        assert transport is not None and not self._chunks  # nsqd waits for our ClientHello
+        codec = TLSCodec(context, hostname)
+        transport.write(codec.handshake())
+        while not codec.handshaken:
+            try:
+                data = await self.receive()
+            except anyio.EndOfStream:
+                raise ConnectionClosed("connection closed during the TLS upgrade") from None
+            out = codec.handshake(data)
+            if out:
+                transport.write(out)
+        # Bytes that came behind the handshake's are records already: decrypt them too.
+        raw = b"".join(self._chunks)
+        self._chunks.clear()
+        plain = codec.decrypt(raw)
+        if plain:
+            self._chunks.append(plain)
+        self._tls = codec
 
     async def run(self, on_data: OnData, tick: Tick) -> None:
         self._on_data = on_data
@@ -292,6 +327,8 @@ class AsyncioLink(asyncio.BufferedProtocol):
     async def aclose(self) -> None:
         self._finish(None)
         if self._transport is not None:
+            if self._tls is not None:
+                self._transport.write(self._tls.close())
             self._transport.close()
 
 
