@@ -10,6 +10,7 @@ answer as it does without TLS.
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 
 # The most plaintext one TLS record holds: one read() never returns more.
@@ -84,8 +85,7 @@ class TLSCodec:
 
     def close(self) -> bytes:
         """The close_notify alert to send before closing the socket (``b""`` if none)."""
-        try:
+        # unwrap() then waits for the server's alert (SSLWantReadError): not worth waiting for.
+        with contextlib.suppress(ssl.SSLError):
             self._obj.unwrap()
-        except ssl.SSLError:  # it waits for the server's alert: not worth waiting for
-            pass
         return self._out.read()

@@ -40,6 +40,7 @@ from smartnsq.protocol.handshake import (
     Step,
     parse_address,
 )
+from smartnsq.protocol.tls import TLSCodec
 
 # A producer only reads answers (a few bytes each). A large read size costs a fresh,
 # page-faulted buffer per read: measured, it doubled a sequential publish's round trip.
@@ -93,7 +94,9 @@ class SyncConnection:
         self._read_lock = threading.Lock()
         self.last_read = time.monotonic()
         self._send_timeout = config.handshake_timeout
-        self._tls = False
+        self._tls: TLSCodec | None = None
+        # The codec is one OpenSSL session: a reading thread and a sending one take turns.
+        self._tls_lock = threading.Lock()
         self._busy = BusyPoll(config.busy_poll)
 
     def __repr__(self) -> str:
@@ -113,14 +116,9 @@ class SyncConnection:
             conn._sock.settimeout(min(timeout, config.handshake_timeout))
             conn._handshake(host)
             conn._send_timeout = max(timeout, config.handshake_timeout)
-            conn._tls = isinstance(conn._sock, ssl.SSLSocket)
-            if conn._tls:
-                # Sends give up after this long (nsqd not reading); reads wait with select().
-                conn._sock.settimeout(conn._send_timeout)
-            else:
-                # Non-blocking: a timeout socket polls before every send and recv (two more
-                # system calls per publish); reads wait with select(), sends only when full.
-                conn._sock.setblocking(False)
+            # Non-blocking: a timeout socket polls before every send and recv (two more
+            # system calls per publish); reads wait with select(), sends only when full.
+            conn._sock.setblocking(False)
         except NSQError:  # ConnectFailed is an OSError too: keep the precise error
             conn._abort(None)
             raise
@@ -144,7 +142,7 @@ class SyncConnection:
             elif isinstance(step, Send):
                 self._sock.sendall(step.data)
             elif isinstance(step, StartTLS):
-                self._sock = step.context.wrap_socket(self._sock, server_hostname=step.hostname)
+                self._start_tls(TLSCodec(step.context, step.hostname))
             else:
                 rest = self._decoder.take_remaining()
                 self._compress, self._decompress = step.compress, step.decompress
@@ -153,14 +151,33 @@ class SyncConnection:
             step = hs.reply(*self._handshake_frame())
         self.features = hs.features
 
+    def _start_tls(self, tls: TLSCodec) -> None:
+        out = tls.handshake()
+        while True:
+            if out:
+                self._sock.sendall(out)
+            if tls.handshaken:
+                break
+            out = tls.handshake(self._recv_in_handshake())
+        self._tls = tls
+        rest = tls.decrypt(b"")  # nothing else is buffered: nsqd waits for our ClientHello
+        if rest:
+            self._decoder.append(rest)
+
+    def _recv_in_handshake(self) -> bytes:
+        data = self._sock.recv(_READ_SIZE)
+        if not data:
+            raise ConnectFailed(f"nsqd {self.address} closed the connection in the handshake")
+        return data
+
     def _handshake_frame(self) -> tuple[int, bytes]:
         while True:
             frame = self._decoder.next_frame()
             if frame is not None:
                 return frame
-            data = self._sock.recv(_READ_SIZE)
-            if not data:
-                raise ConnectFailed(f"nsqd {self.address} closed the connection in the handshake")
+            data = self._recv_in_handshake()
+            if self._tls is not None:
+                data = self._tls.decrypt(data)
             if self._decompress is not None:
                 data = self._decompress(data)
             self._decoder.append(data)
@@ -202,7 +219,7 @@ class SyncConnection:
                 raise self._closed_error()
             self._waiters.append(waiter)
             # Alone in flight: poll for the answer before sleeping on it (BusyPoll).
-            alone = len(self._waiters) == 1 and not self._tls and self._busy.limit > 0.0
+            alone = len(self._waiters) == 1 and self._busy.limit > 0.0
             poll = self._busy.budget() if alone else 0.0
             try:
                 self._write(data if self._compress is None else self._compress(data))
@@ -229,10 +246,13 @@ class SyncConnection:
 
     def _write(self, data: bytes) -> None:
         """Send all of ``data`` (under the send lock); TimeoutError if nsqd stops reading."""
+        if self._tls is not None:
+            with self._tls_lock:
+                data = self._tls.encrypt(data)
+        self._send_raw(data)
+
+    def _send_raw(self, data: bytes) -> None:
         sock = self._sock
-        if self._tls:
-            sock.sendall(data)
-            return
         try:
             sent = sock.send(data)
         except BlockingIOError:
@@ -271,6 +291,10 @@ class SyncConnection:
             return
         self.last_read = time.monotonic()
         try:
+            if self._tls is not None:
+                data = self._decrypt(self._tls, data)
+                if not data:
+                    return
             if self._decompress is not None:
                 data = self._decompress(data)
             for ftype, payload in self._decoder.feed(data):  # past the handshake: all at once
@@ -278,20 +302,36 @@ class SyncConnection:
         except NSQError as exc:  # garbage, or a fatal error frame: the connection is over
             self._fail(exc)
 
+    def _decrypt(self, tls: TLSCodec, data: bytes) -> bytes:
+        try:
+            with self._tls_lock:
+                data = tls.decrypt(data)
+                answer = tls.outgoing() if tls.has_outgoing else b""
+        except ssl.SSLError as exc:
+            raise ConnectionClosed(f"TLS with nsqd {self.address} failed: {exc!r}") from exc
+        if answer:  # a TLS 1.3 key update to acknowledge
+            try:
+                with self._send_lock:
+                    self._send_raw(answer)
+            except OSError as exc:
+                raise ConnectionClosed(f"writing to nsqd {self.address} failed: {exc!r}") from exc
+        if not data and tls.closed:
+            raise ConnectionClosed(f"nsqd {self.address} closed the TLS session")
+        return data
+
     def _wait_recv(self, wait: float) -> bytes | None:
         """One ``recv`` after waiting up to ``wait`` seconds; None: nothing (or it broke)."""
         sock = self._sock
-        if not (self._tls and sock.pending()):  # type: ignore[attr-defined]
-            try:
-                ready, _, _ = select.select([sock], [], [], wait if wait > 0.0 else 0.0)
-            except (OSError, ValueError) as exc:  # closed under us
-                self._fail(ConnectionClosed(f"connection to nsqd {self.address} broke: {exc!r}"))
-                return None
-            if not ready:
-                return None
+        try:
+            ready, _, _ = select.select([sock], [], [], wait if wait > 0.0 else 0.0)
+        except (OSError, ValueError) as exc:  # closed under us
+            self._fail(ConnectionClosed(f"connection to nsqd {self.address} broke: {exc!r}"))
+            return None
+        if not ready:
+            return None
         try:
             return sock.recv(_READ_SIZE)
-        except (BlockingIOError, TimeoutError, ssl.SSLWantReadError):
+        except (BlockingIOError, TimeoutError):
             return None
         except OSError as exc:
             self._fail(ConnectionClosed(f"connection to nsqd {self.address} broke: {exc!r}"))
@@ -354,8 +394,11 @@ class SyncConnection:
             self.closed = self.retiring = True
             self.close_reason = ConnectionClosed(f"connection to nsqd {self.address} handed over")
         self._sock.settimeout(timeout)
+        compress, decompress, tls = self._compress, self._decompress, self._tls
+        if tls is not None:  # the new owner's codecs take TLS on and off too
+            compress, decompress = _sealed(compress, tls), _opened(tls, decompress)
         return Detached(
-            self.address, self._sock, self._decoder, self.features, self._compress, self._decompress
+            self.address, self._sock, self._decoder, self.features, compress, decompress
         )
 
     def _abort(self, reason: BaseException | None) -> None:
@@ -376,7 +419,24 @@ class SyncConnection:
                 finally:
                     self._read_lock.release()
         with self._send_lock:
+            if self._tls is not None and not self.closed:
+                with self._tls_lock:
+                    goodbye = self._tls.close()
+                with contextlib.suppress(OSError):
+                    self._send_raw(goodbye)
             self._fail(ConnectionClosed(f"connection to nsqd {self.address} closed by the client"))
+
+
+def _sealed(compress: Codec | None, tls: TLSCodec) -> Codec:
+    if compress is None:
+        return tls.encrypt
+    return lambda data: tls.encrypt(compress(data))
+
+
+def _opened(tls: TLSCodec, decompress: Codec | None) -> Codec:
+    if decompress is None:
+        return tls.decrypt
+    return lambda data: decompress(tls.decrypt(data))
 
 
 def poll_recv(sock: socket.socket, seconds: float) -> bytes | None:
