@@ -5,7 +5,8 @@ Two implementations of one small interface:
 * :class:`AsyncioLink`, used on asyncio: an :class:`asyncio.BufferedProtocol`, so incoming
   bytes are handled in the event loop's callback and writes go straight to the transport's
   buffer. This avoids a reader task switch per response and roughly doubles request/response
-  rates.
+  rates. TLS is done inside it, by :class:`~smartnsq.protocol.tls.TLSCodec` on the plain
+  transport: asyncio's TLS transport is a Python layer of its own on every read and write.
 * :class:`StreamLink`, used on every other anyio backend (trio): an anyio byte stream read by
   a reader task.
 
@@ -266,7 +267,7 @@ class AsyncioLink(asyncio.BufferedProtocol):
     async def start_tls(self, context: ssl.SSLContext, hostname: str) -> None:
         # Our own TLS on the plain transport (see smartnsq.protocol.tls), not loop.start_tls.
         transport = self._transport
-        assert transport is not None and not self._chunks  # nsqd waits for our ClientHello
+        assert transport is not None
         codec = TLSCodec(context, hostname)
         transport.write(codec.handshake())
         while not codec.handshaken:
