@@ -167,20 +167,24 @@ class AsyncioLink(asyncio.BufferedProtocol):
         if tls is None:
             # A copy: messages keep slices of what they were read from, and the buffer is
             # reused.
-            data = bytes(self._rbuf[:nbytes])
-        else:
-            try:
-                data = tls.decrypt(self._rbuf[:nbytes])
-            except ssl.SSLError as exc:
-                self._finish(exc)
-                self.abort()
-                return
-            if tls.has_outgoing and self._transport is not None:
-                self._transport.write(tls.outgoing())
-            if not data:
-                if tls.closed:
-                    self._finish(None)
-                return
+            self._deliver(bytes(self._rbuf[:nbytes]))
+            return
+        try:
+            data = tls.decrypt(self._rbuf[:nbytes])
+        except ssl.SSLError as exc:
+            self._finish(exc)
+            self.abort()
+            return
+        if tls.has_outgoing and self._transport is not None:
+            self._transport.write(tls.outgoing())
+        if data:
+            self._deliver(data)
+        if tls.closed:  # close_notify: the end of the stream, as an EOF is
+            self._finish(None)
+            if self._transport is not None:
+                self._transport.close()
+
+    def _deliver(self, data: bytes) -> None:
         on_data = self._on_data
         if on_data is None:
             self._chunks.append(data)
@@ -285,6 +289,8 @@ class AsyncioLink(asyncio.BufferedProtocol):
         if plain:
             self._chunks.append(plain)
         self._tls = codec
+        if codec.closed:
+            self._finish(None)
 
     async def run(self, on_data: OnData, tick: Tick) -> None:
         self._on_data = on_data
@@ -421,9 +427,13 @@ class StreamLink:
                 tg.start_soon(self._writer)
                 tg.start_soon(self._watch, tick)
                 while True:
-                    data = await self._stream.receive(_READ_SIZE)
+                    try:
+                        data = await self._stream.receive(_READ_SIZE)
+                    except anyio.EndOfStream:  # not out of the task group: it would be wrapped
+                        break
                     self.last_read = anyio.current_time()
                     on_data(data)
+                tg.cancel_scope.cancel()
         finally:
             self._closing = True
 

@@ -53,7 +53,8 @@ class TLSCodec:
 
     def decrypt(self, data: bytes | memoryview) -> bytes:
         """The plaintext in ``data`` and what came before it; ``b""`` while a record is
-        incomplete, or once the server closed (then :attr:`closed` is set).
+        incomplete. The server's close_notify sets :attr:`closed`: the plaintext before it
+        is returned, anything after it is not.
 
         Raises :class:`ssl.SSLError` on bytes that are not a valid record.
         """
@@ -62,14 +63,17 @@ class TLSCodec:
         read, parts = self._obj.read, []
         # Stop when every byte is used rather than on SSLWantReadError: no exception in
         # the usual case, where a read ends on a record's end.
-        while self._in.pending or self._obj.pending():
+        while not self.closed and (self._in.pending or self._obj.pending()):
             try:
-                parts.append(read(_RECORD))
+                part = read(_RECORD)
             except ssl.SSLWantReadError:
                 break
-            except ssl.SSLZeroReturnError:
+            except ssl.SSLZeroReturnError:  # close_notify, once ours was sent
+                part = b""
+            if not part:  # close_notify: nothing after it is read
                 self.closed = True
                 break
+            parts.append(part)
         if len(parts) == 1:
             return parts[0]
         return b"".join(parts)

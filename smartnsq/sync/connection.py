@@ -178,6 +178,8 @@ class SyncConnection:
             data = self._recv_in_handshake()
             if self._tls is not None:
                 data = self._tls.decrypt(data)
+                if self._tls.closed and not data:
+                    raise ConnectFailed(f"nsqd {self.address} closed TLS in the handshake")
             if self._decompress is not None:
                 data = self._decompress(data)
             self._decoder.append(data)
@@ -291,14 +293,15 @@ class SyncConnection:
             return
         self.last_read = time.monotonic()
         try:
-            if self._tls is not None:
-                data = self._decrypt(self._tls, data)
-                if not data:
-                    return
+            tls = self._tls
+            if tls is not None:
+                data = self._decrypt(tls, data)
             if self._decompress is not None:
                 data = self._decompress(data)
             for ftype, payload in self._decoder.feed(data):  # past the handshake: all at once
                 self._on_frame(ftype, payload)
+            if tls is not None and tls.closed:  # close_notify: the end, as an EOF is
+                raise ConnectionClosed(f"nsqd {self.address} closed the connection")
         except NSQError as exc:  # garbage, or a fatal error frame: the connection is over
             self._fail(exc)
 
@@ -306,17 +309,18 @@ class SyncConnection:
         try:
             with self._tls_lock:
                 data = tls.decrypt(data)
-                answer = tls.outgoing() if tls.has_outgoing else b""
         except ssl.SSLError as exc:
             raise ConnectionClosed(f"TLS with nsqd {self.address} failed: {exc!r}") from exc
-        if answer:  # a TLS 1.3 key update to acknowledge
+        if tls.has_outgoing:  # a TLS 1.3 key update to acknowledge
+            # Under the send lock, and in the codec's order: a sender's encrypt() may have
+            # taken it already, together with its own records.
             try:
                 with self._send_lock:
+                    with self._tls_lock:
+                        answer = tls.outgoing()
                     self._send_raw(answer)
             except OSError as exc:
                 raise ConnectionClosed(f"writing to nsqd {self.address} failed: {exc!r}") from exc
-        if not data and tls.closed:
-            raise ConnectionClosed(f"nsqd {self.address} closed the TLS session")
         return data
 
     def _wait_recv(self, wait: float) -> bytes | None:

@@ -1,0 +1,103 @@
+"""Mutual TLS: an nsqd that requires a client certificate signed by its CA.
+
+docs/tls-auth.md promises ``context.load_cert_chain(...)`` works; the client's TLS is our own
+codec on asyncio and in the blocking client, anyio's on trio, so every path is checked.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trustme
+
+from smartnsq import Consumer, Message, Producer
+from smartnsq import sync as blocking
+from smartnsq.errors import NSQError
+from tests.helpers import EVERY_LOOP, channel_stats, topic_stats, unique, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture(scope="module")
+def mtls_cluster(tmp_path_factory: pytest.TempPathFactory, ca: trustme.CA) -> Iterator[object]:
+    from compat.cluster import Cluster
+
+    d: Path = tmp_path_factory.mktemp("mtls")
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    server.private_key_pem.write_to_path(str(d / "key.pem"))
+    server.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    with Cluster.start(
+        kind="classic",
+        dir=d / "cluster",
+        nsqd=1,
+        nsqd_args=[
+            f"--tls-cert={d / 'cert.pem'}",
+            f"--tls-key={d / 'key.pem'}",
+            f"--tls-root-ca-file={d / 'ca.pem'}",
+            "--tls-client-auth-policy=require-verify",
+            "--tls-required=tcp-https",
+        ],
+    ) as cluster:
+        yield cluster
+
+
+def _context(ca: trustme.CA, with_cert: bool) -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ca.configure_trust(ctx)
+    if with_cert:
+        ca.issue_cert("client.example").configure_cert(ctx)
+    return ctx
+
+
+@EVERY_LOOP
+async def test_a_client_certificate_publishes_and_consumes(mtls_cluster, ca, anyio_backend):
+    nsqd = mtls_cluster.nsqd[0]  # type: ignore[attr-defined]
+    topic = unique("mtls")
+    bodies = [b"x" * 40_000, *(f"m{i}".encode() for i in range(20))]  # one spans records
+    ctx = _context(ca, with_cert=True)
+    async with Producer([nsqd.tcp], tls=ctx) as producer:
+        await producer.publish_many(topic, bodies)
+    got: list[bytes] = []
+
+    async def handle(message: Message) -> None:
+        got.append(message.body)
+        if len(got) == len(bodies):
+            consumer.stop()
+
+    consumer = Consumer(topic, "c", handle, nsqd_tcp_addresses=[nsqd.tcp], tls=ctx)
+    await consumer.run()
+    assert sorted(got) == sorted(bodies)
+    c = channel_stats(nsqd.http, topic, "c")
+    assert c is not None and c["depth"] == 0 and c["in_flight_count"] == 0
+
+
+@EVERY_LOOP
+async def test_without_a_client_certificate_nothing_is_published(mtls_cluster, ca, anyio_backend):
+    nsqd = mtls_cluster.nsqd[0]  # type: ignore[attr-defined]
+    topic = unique("mtls_refused")
+    async with Producer([nsqd.tcp], tls=_context(ca, with_cert=False), max_retries=0) as producer:
+        with pytest.raises(NSQError):
+            await producer.publish(topic, b"x")
+    assert topic_stats(nsqd.http, topic) is None
+
+
+def test_blocking_client_certificate(mtls_cluster, ca):
+    nsqd = mtls_cluster.nsqd[0]  # type: ignore[attr-defined]
+    topic = unique("mtls_sync")
+    with blocking.Producer([nsqd.tcp], tls=_context(ca, with_cert=True)) as producer:
+        for i in range(50):  # one at a time: the path that polls for each answer
+            producer.publish(topic, f"s{i}".encode())
+    wait_for(lambda: (topic_stats(nsqd.http, topic) or {}).get("message_count") == 50)
+    refused = blocking.Producer([nsqd.tcp], tls=_context(ca, with_cert=False), max_retries=0)
+    with refused, pytest.raises(NSQError):
+        refused.publish(topic, b"x")
+    assert (topic_stats(nsqd.http, topic) or {})["message_count"] == 50
