@@ -264,6 +264,7 @@ def closing_tls_server(context: ssl.SSLContext, tail: bytes) -> Any:
                 if out.pending:
                     await stream.send(out.read())
                 incoming.write(await stream.receive())
+        # TLS 1.2: the Finished is still in ``out``; the OK goes out in the same write.
         obj.write(encode_frame(FRAME_RESPONSE, b"OK"))
         await stream.send(out.read())
         command = b""
@@ -288,6 +289,27 @@ def server_tls(tls_ca: trustme.CA) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls_ca.issue_cert("127.0.0.1").configure_cert(ctx)
     return ctx
+
+
+@pytest.fixture(scope="module")
+def server_tls12(tls_ca: trustme.CA) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls_ca.issue_cert("127.0.0.1").configure_cert(ctx)
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
+
+
+@EVERY_LOOP
+async def test_ok_in_the_flight_that_ends_the_handshake(server_tls12, tls, anyio_backend):
+    """TLS 1.2 ends with the server's Finished; this server writes its OK right behind it,
+    in the same write. The client must find that OK among the handshake's bytes."""
+    async with fake_server(closing_tls_server(server_tls12, b"")) as address:
+        with anyio.fail_after(5):
+            conn = await Connection.open(address, ConnectionConfig(tls=tls))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(conn.run)
+                assert await conn.request(commands.sub("t", "c")) == b"OK"
+                await conn.close()
 
 
 @pytest.mark.timeout(30)  # a client spinning on the bytes behind the alert never yields
