@@ -13,16 +13,19 @@ import logging
 import random
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 import trustme
+from anyio.from_thread import start_blocking_portal
 
 from smartnsq import Connection, ConnectionConfig, Consumer, Producer, sync
-from smartnsq.errors import ConnectionClosed
+from smartnsq.errors import ConnectionClosed, NSQTimeout
 from smartnsq.protocol import RawMessage, commands, decode_message
 from smartnsq.protocol.frames import FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT, encode_frame
 from smartnsq.protocol.message import MessageLayout
@@ -391,6 +394,31 @@ def test_sync_threads_share_a_tls_connection(tls_cluster, tls):
             t.join(60)
     assert not errors
     assert message_count(nsqd.http, topic) == 200
+
+
+@pytest.mark.timeout(30)  # a reader spinning on the bytes behind the alert never returns
+@pytest.mark.parametrize(
+    "tail", [b"", b"\x17\x03\x03\x00\x05trail"], ids=["close_notify", "bytes_after_it"]
+)
+def test_sync_close_notify_without_eof_closes_the_connection(server_tls, tls, tail):
+    """The blocking connection: the server's OK and close_notify in one read, the socket left
+    open. The request gets its OK; the connection is closed from then on, so the next request
+    fails at once instead of waiting out its timeout."""
+    serve = closing_tls_server(server_tls, tail)
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(fake_server(serve)) as address,
+    ):
+        conn = SyncConnection.open(address, ConnectionConfig(tls=tls), 5.0)
+        try:
+            assert conn.request(commands.sub("t", "c"), 5.0, publish=False) == b"OK"
+            started = time.monotonic()
+            with pytest.raises(ConnectionClosed) as caught:
+                conn.request(commands.sub("t", "c"), 5.0, publish=False)
+            assert time.monotonic() - started < 2.0
+            assert not isinstance(caught.value, NSQTimeout), repr(caught.value)
+        finally:
+            conn.close(1.0)
 
 
 @COMPRESSION
