@@ -333,10 +333,11 @@ class AsyncioLink(asyncio.BufferedProtocol):
 
     async def aclose(self) -> None:
         self._finish(None)
-        if self._transport is not None:
-            if self._tls is not None:
-                self._transport.write(self._tls.close())
-            self._transport.close()
+        transport = self._transport
+        if transport is not None:
+            if self._tls is not None and not transport.is_closing():
+                transport.write(self._tls.close())
+            transport.close()
 
 
 def _resolve(future: asyncio.Future[None] | None) -> None:

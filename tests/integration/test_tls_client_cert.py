@@ -16,7 +16,14 @@ import trustme
 from smartnsq import Consumer, Message, Producer
 from smartnsq import sync as blocking
 from smartnsq.errors import NSQError
-from tests.helpers import EVERY_LOOP, channel_stats, topic_stats, unique, wait_for
+from tests.helpers import (
+    EVERY_LOOP,
+    channel_stats,
+    topic_stats,
+    unique,
+    wait_for,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -70,11 +77,9 @@ async def test_a_client_certificate_publishes_and_consumes(mtls_cluster, ca, any
 
     async def handle(message: Message) -> None:
         got.append(message.body)
-        if len(got) == len(bodies):
-            consumer.stop()
 
-    consumer = Consumer(topic, "c", handle, nsqd_tcp_addresses=[nsqd.tcp], tls=ctx)
-    await consumer.run()
+    async with Consumer(topic, "c", handle, nsqd_tcp_addresses=[nsqd.tcp], tls=ctx) as consumer:
+        await wait_until(lambda: consumer.stats().finished == len(bodies), 20, "all FINed")
     assert sorted(got) == sorted(bodies)
     c = channel_stats(nsqd.http, topic, "c")
     assert c is not None and c["depth"] == 0 and c["in_flight_count"] == 0
