@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -76,6 +77,29 @@ def listed_producers(lookupd_http: str, topic: str) -> list[dict[str, Any]]:
             return []
         raise
     return list(answer.get("producers") or [])
+
+
+def start_tls_cluster(ca: Any, directory: Path, *nsqd_args: str) -> Any:
+    """A classic cluster of one nsqd that takes only TLS on TCP (plain HTTP stays, for stats
+    and readiness checks), its certificate for 127.0.0.1 signed by the trustme ``ca``, whose
+    own certificate is written to ``directory / "ca.pem"``. The caller stops it."""
+    from compat.cluster import Cluster
+
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_pem.write_to_path(str(directory / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(directory / "cert.pem"))
+    ca.cert_pem.write_to_path(str(directory / "ca.pem"))
+    return Cluster.start(
+        kind="classic",
+        dir=directory / "cluster",
+        nsqd=1,
+        nsqd_args=[
+            f"--tls-cert={directory / 'cert.pem'}",
+            f"--tls-key={directory / 'key.pem'}",
+            "--tls-required=tcp-https",
+            *nsqd_args,
+        ],
+    )
 
 
 def topic_stats(nsqd_http: str, topic: str) -> dict[str, Any] | None:

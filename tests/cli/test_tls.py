@@ -10,7 +10,7 @@ import trustme
 
 from compat.cluster import Cluster
 from tests.cli.clihelp import lines_of, run_cli
-from tests.helpers import topic_stats, unique
+from tests.helpers import start_tls_cluster, topic_stats, unique
 
 pytestmark = pytest.mark.integration
 
@@ -18,22 +18,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory) -> Iterator[tuple[Cluster, Path]]:
     """A classic cluster whose nsqd takes TLS only, and the CA file that signed its cert."""
-    ca = trustme.CA()
     d: Path = tmp_path_factory.mktemp("cli-tls")
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert.private_key_pem.write_to_path(str(d / "key.pem"))
-    cert.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
-    ca.cert_pem.write_to_path(str(d / "ca.pem"))
-    cluster = Cluster.start(
-        kind="classic",
-        dir=d / "cluster",
-        nsqd=1,
-        nsqd_args=[
-            f"--tls-cert={d / 'cert.pem'}",
-            f"--tls-key={d / 'key.pem'}",
-            "--tls-required=tcp-https",
-        ],
-    )
+    cluster = start_tls_cluster(trustme.CA(), d)
     try:
         yield cluster, d / "ca.pem"
     finally:

@@ -8,7 +8,6 @@ import ssl
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import anyio
@@ -31,6 +30,7 @@ from tests.helpers import (
     channel_stats,
     create_channel,
     drain,
+    start_tls_cluster,
     topic_stats,
     unique,
     wait_for,
@@ -181,22 +181,7 @@ def tls_ca() -> trustme.CA:
 
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory, tls_ca) -> Iterator[object]:
-    from compat.cluster import Cluster
-
-    d: Path = tmp_path_factory.mktemp("tls")
-    cert = tls_ca.issue_cert("127.0.0.1", "localhost")
-    cert.private_key_pem.write_to_path(str(d / "key.pem"))
-    cert.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
-    cluster = Cluster.start(
-        kind="classic",
-        dir=d / "cluster",
-        nsqd=1,
-        nsqd_args=[
-            f"--tls-cert={d / 'cert.pem'}",
-            f"--tls-key={d / 'key.pem'}",
-            "--tls-required=tcp-https",  # TCP needs TLS; plain HTTP stays for readiness checks
-        ],
-    )
+    cluster = start_tls_cluster(tls_ca, tmp_path_factory.mktemp("tls"))
     try:
         yield cluster
     finally:

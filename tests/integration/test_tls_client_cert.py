@@ -19,6 +19,7 @@ from smartnsq.errors import NSQError
 from tests.helpers import (
     EVERY_LOOP,
     channel_stats,
+    start_tls_cluster,
     topic_stats,
     unique,
     wait_for,
@@ -35,25 +36,9 @@ def ca() -> trustme.CA:
 
 @pytest.fixture(scope="module")
 def mtls_cluster(tmp_path_factory: pytest.TempPathFactory, ca: trustme.CA) -> Iterator[object]:
-    from compat.cluster import Cluster
-
     d: Path = tmp_path_factory.mktemp("mtls")
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    server.private_key_pem.write_to_path(str(d / "key.pem"))
-    server.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
-    ca.cert_pem.write_to_path(str(d / "ca.pem"))
-    with Cluster.start(
-        kind="classic",
-        dir=d / "cluster",
-        nsqd=1,
-        nsqd_args=[
-            f"--tls-cert={d / 'cert.pem'}",
-            f"--tls-key={d / 'key.pem'}",
-            f"--tls-root-ca-file={d / 'ca.pem'}",
-            "--tls-client-auth-policy=require-verify",
-            "--tls-required=tcp-https",
-        ],
-    ) as cluster:
+    args = (f"--tls-root-ca-file={d / 'ca.pem'}", "--tls-client-auth-policy=require-verify")
+    with start_tls_cluster(ca, d, *args) as cluster:
         yield cluster
 
 

@@ -15,7 +15,6 @@ import ssl
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -37,6 +36,7 @@ from tests.helpers import (
     create_channel,
     drain,
     http_json,
+    start_tls_cluster,
     topic_stats,
     unique,
     wait_for,
@@ -59,22 +59,7 @@ def tls_ca() -> trustme.CA:
 
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory: pytest.TempPathFactory, tls_ca: trustme.CA) -> Iterator[Any]:
-    from compat.cluster import Cluster
-
-    d: Path = tmp_path_factory.mktemp("tls_paths")
-    cert = tls_ca.issue_cert("127.0.0.1", "localhost")
-    cert.private_key_pem.write_to_path(str(d / "key.pem"))
-    cert.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
-    cluster = Cluster.start(
-        kind="classic",
-        dir=d / "cluster",
-        nsqd=1,
-        nsqd_args=[
-            f"--tls-cert={d / 'cert.pem'}",
-            f"--tls-key={d / 'key.pem'}",
-            "--tls-required=tcp-https",  # TCP needs TLS; plain HTTP stays for /stats
-        ],
-    )
+    cluster = start_tls_cluster(tls_ca, tmp_path_factory.mktemp("tls_paths"))
     try:
         yield cluster
     finally:

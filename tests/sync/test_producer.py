@@ -25,7 +25,7 @@ from smartnsq.errors import (
 )
 from smartnsq.ordered import go_partition
 from smartnsq.sync import Producer
-from tests.helpers import lookupds, topic_stats, unique, wait_for
+from tests.helpers import lookupds, start_tls_cluster, topic_stats, unique, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -242,22 +242,8 @@ def test_use_after_fork_is_refused(classic_cluster):
 
 
 def test_tls(tmp_path):
-    from compat.cluster import Cluster
-
     ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
-    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
-    with Cluster.start(
-        kind="classic",
-        dir=tmp_path / "cluster",
-        nsqd=1,
-        nsqd_args=[
-            f"--tls-cert={tmp_path / 'cert.pem'}",
-            f"--tls-key={tmp_path / 'key.pem'}",
-            "--tls-required=tcp-https",
-        ],
-    ) as cluster:
+    with start_tls_cluster(ca, tmp_path) as cluster:
         nsqd = cluster.nsqd[0]
         topic = unique("stls")
         ctx = ssl.create_default_context()
