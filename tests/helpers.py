@@ -118,6 +118,21 @@ def channel_stats(nsqd_http: str, topic: str, channel: str) -> dict[str, Any] | 
     return None
 
 
+def settled(http: str, topic: str, channel: str, count: int) -> bool:
+    """All ``count`` messages reached the channel and none is waiting or in flight.
+
+    The channel's own message_count, not just depth 0: a channel shows depth 0 before nsqd
+    moved the topic's messages into it.
+    """
+    s = channel_stats(http, topic, channel) or {}
+    return (
+        s.get("message_count") == count
+        and s.get("depth") == 0
+        and s.get("in_flight_count") == 0
+        and s.get("deferred_count") == 0
+    )
+
+
 def create_channel(nsqd_http: str, topic: str, channel: str) -> None:
     http_json(f"http://{nsqd_http}/topic/create?topic={topic}", "POST")
     http_json(f"http://{nsqd_http}/channel/create?topic={topic}&channel={channel}", "POST")

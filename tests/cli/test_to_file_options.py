@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from tests.cli.clihelp import LineReader, addresses, lines_of, run_cli, spawn_cli, wait_exit
-from tests.helpers import channel_stats, create_channel, topic_stats, unique, wait_for
+from tests.helpers import (
+    channel_stats,
+    create_channel,
+    settled,
+    topic_stats,
+    unique,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -26,17 +33,9 @@ def _publish(nsqd_tcp: str, topic: str, bodies: list[str]) -> None:
 
 
 def _all_finished(nsqd_http: str, topic: str) -> bool:
-    # A new channel shows depth 0 before nsqd moves the topic's waiting messages into it, so
-    # also ask that the channel has been given every message the topic holds.
     t = topic_stats(nsqd_http, topic)
-    c = channel_stats(nsqd_http, topic, CHANNEL)
     return (
-        t is not None
-        and c is not None
-        and t["depth"] == 0
-        and c["message_count"] == t["message_count"]
-        and c["depth"] == 0
-        and c["in_flight_count"] == 0
+        t is not None and t["depth"] == 0 and settled(nsqd_http, topic, CHANNEL, t["message_count"])
     )
 
 

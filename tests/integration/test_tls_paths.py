@@ -36,6 +36,7 @@ from tests.helpers import (
     create_channel,
     drain,
     http_json,
+    settled,
     start_tls_cluster,
     topic_stats,
     unique,
@@ -85,21 +86,6 @@ def mixed_bodies(count: int, seed: int = 0) -> list[bytes]:
         fill = rnd.randbytes(size) if i % 2 else bytes([i % 251]) * size
         out.append(b"%04d:" % i + fill)
     return out
-
-
-def settled(http: str, topic: str, channel: str, count: int) -> bool:
-    """All ``count`` messages reached the channel and none is waiting or in flight.
-
-    The channel's own message_count, not just depth 0: a channel shows depth 0 before nsqd
-    moved the topic's messages into it.
-    """
-    s = channel_stats(http, topic, channel) or {}
-    return (
-        s.get("message_count") == count
-        and s.get("depth") == 0
-        and s.get("in_flight_count") == 0
-        and s.get("deferred_count") == 0
-    )
 
 
 def wait_settled(http: str, topic: str, channel: str, count: int) -> None:
