@@ -13,8 +13,14 @@ with it. An event loop's poll passes cost more than a blocking ``recv``, and the
 from the start slowed single publishes, so the loop yields only once it has polled for
 ``LOOP_YIELD_AFTER``.
 
-Sans-IO: fed the waits it observed, this gives the next poll budget; the blocking and the
-async connections do the polling.
+Polling pays only a caller that publishes back to back. One that comes back later than the
+limit after its last answer paces itself (a rate-limited or request-driven publisher): it
+does not poll. Measured end to end on a 2-CPU machine (publish to handler, 10k msg/s), an
+event loop polling for its paced publishes raised the 99th percentile from about 1.6 ms to
+4 ms, by taking the CPU that nsqd and the consumer needed.
+
+Sans-IO: fed the waits it observed and the caller's times, this gives the next poll budget;
+the blocking and the async connections do the polling.
 """
 
 from __future__ import annotations
@@ -37,21 +43,29 @@ cpu_yield: Callable[[], None] = getattr(os, "sched_yield", _sleep_zero)
 class BusyPoll:
     """The poll budget of one connection, from the answer times seen on it."""
 
-    __slots__ = ("_typical", "limit")
+    __slots__ = ("_answered", "_typical", "limit")
 
     def __init__(self, limit: float) -> None:
         self.limit = limit
         self._typical = 0.0  # moving average of the observed waits; 0: none yet
+        self._answered = 0.0  # when the last one was answered
 
-    def budget(self) -> float:
-        """Seconds to poll before sleeping: 0 when answers take longer than the limit
-        (a remote or busy nsqd: polling would only burn CPU)."""
+    def budget(self, now: float) -> float:
+        """Seconds to poll before sleeping, for a request sent at ``now``: 0 when answers
+        take longer than the limit (a remote or busy nsqd: polling would only burn CPU), and
+        when the caller's last answer came more than the limit before ``now`` (it is not
+        publishing back to back)."""
         typical = self._typical
-        if typical > self.limit:
+        if not typical:
+            return self.limit  # nothing seen yet
+        if typical > self.limit or now - self._answered > self.limit:
             return 0.0
-        return min(2.0 * typical, self.limit) if typical else self.limit
+        return min(2.0 * typical, self.limit)
 
-    def observe(self, wait: float) -> None:
-        """A request alone in flight was answered ``wait`` seconds after it was sent."""
+    def observe(self, sent: float, answered: float) -> None:
+        """A request alone in flight, sent at ``sent``, was answered at ``answered``
+        (seconds on one clock)."""
+        wait = answered - sent
         typical = self._typical
         self._typical = wait if not typical else typical + (wait - typical) * 0.125
+        self._answered = answered

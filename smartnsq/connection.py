@@ -355,11 +355,11 @@ class Connection:
             return await waiter.wait()
         # Alone in flight: keep the loop polling for the answer a while (BusyPoll).
         sent = time.perf_counter()
-        budget = self._busy.budget()
+        budget = self._busy.budget(sent)
         if budget:
             keep_polling(self._loop, waiter.future, sent + budget, sent + LOOP_YIELD_AFTER)
         result = await waiter.wait()
-        self._busy.observe(time.perf_counter() - sent)
+        self._busy.observe(sent, time.perf_counter())
         return result
 
     @property

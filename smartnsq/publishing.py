@@ -209,8 +209,9 @@ class ProducerCore(PublishPlanner, Generic[N]):
                 cut a sequential publish's round trip by a third or more. It polls for about
                 twice the answer times seen so far (giving the CPU away between polls once it
                 has polled for 0.1 ms), and not at all while they are longer than ``busy_poll``
-                (a remote or busy nsqd). Concurrent publishes never poll; nor does a Producer
-                on trio.
+                (a remote or busy nsqd) or when the publish comes more than ``busy_poll``
+                after the last answer (a caller that paces itself). Concurrent publishes never
+                poll; nor does a Producer on trio.
 
         Raises:
             InvalidArgument: A value is out of range, or neither ``nsqd_tcp_addresses`` nor

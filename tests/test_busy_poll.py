@@ -25,24 +25,41 @@ waits = st.lists(st.floats(min_value=0.0, max_value=0.1), max_size=40)
 @given(st.floats(min_value=0.0, max_value=0.01), waits)
 def test_the_budget_never_exceeds_the_limit(limit: float, seen: list[float]) -> None:
     poll = BusyPoll(limit)
+    now = 0.0
     for wait in seen:
-        assert 0.0 <= poll.budget() <= limit
-        poll.observe(wait)
-    assert 0.0 <= poll.budget() <= limit
+        assert 0.0 <= poll.budget(now) <= limit
+        poll.observe(now, now + wait)
+        now += wait
+    assert 0.0 <= poll.budget(now) <= limit
 
 
 def test_polls_for_twice_the_usual_wait_and_not_at_all_when_answers_are_slow() -> None:
     poll = BusyPoll(0.0005)
-    assert poll.budget() == 0.0005  # nothing seen yet: the limit
-    poll.observe(0.0001)
-    assert poll.budget() == pytest.approx(0.0002)
+    assert poll.budget(0.0) == 0.0005  # nothing seen yet: the limit
+    poll.observe(0.0, 0.0001)
+    assert poll.budget(0.0001) == pytest.approx(0.0002)
+    now = 0.0001
     for _ in range(40):
-        poll.observe(0.002)  # a remote or busy nsqd
-    assert poll.budget() == 0.0
+        poll.observe(now, now + 0.002)  # a remote or busy nsqd
+        now += 0.002
+    assert poll.budget(now) == 0.0
     for _ in range(40):
-        poll.observe(0.0001)  # answers are quick again: polling comes back
-    assert 0.0 < poll.budget() < 0.0005
-    assert BusyPoll(0.0).budget() == 0.0
+        poll.observe(now, now + 0.0001)  # answers are quick again: polling comes back
+        now += 0.0001
+    assert 0.0 < poll.budget(now) < 0.0005
+    assert BusyPoll(0.0).budget(0.0) == 0.0
+
+
+def test_a_caller_back_later_than_the_limit_does_not_poll() -> None:
+    """A publisher that paces itself comes back long after its last answer: polling would
+    only take the CPU from nsqd and the consumers on the machine."""
+    poll = BusyPoll(0.0005)
+    poll.observe(10.0, 10.0001)  # answered in 0.1 ms
+    assert poll.budget(10.0001) == pytest.approx(0.0002)  # straight back: polls
+    assert poll.budget(10.0005) == pytest.approx(0.0002)  # back within the limit: polls
+    assert poll.budget(10.0007) == 0.0  # back 0.6 ms after its answer: it paces itself
+    poll.observe(10.0007, 10.0008)
+    assert poll.budget(10.0009) > 0.0  # back to back again: polling again
 
 
 ASYNCIO_LOOPS = pytest.mark.parametrize("anyio_backend", ["asyncio", UVLOOP])
@@ -119,6 +136,24 @@ async def test_a_lone_request_keeps_the_loop_polling_until_its_answer(
     assert polls.passes_after_answer <= 1  # and stopped once it came
     assert await ask_alone(conn) == b"OK"
     assert len(polls.budgets) == 2
+
+
+@ASYNCIO_LOOPS
+@pytest.mark.anyio
+async def test_a_request_sent_long_after_the_last_answer_does_not_poll(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    polls = Polls(monkeypatch)
+    conn = stub(0.01)
+    conn._busy = BusyPoll(0.05)  # a limit a loaded test machine's answers stay under
+    assert await ask_alone(conn) == b"OK"
+    assert await ask_alone(conn) == b"OK"  # straight after its answer
+    assert len(polls.budgets) == 2
+    await anyio.sleep(0.1)  # the caller paces itself: back later than the limit
+    assert await ask_alone(conn) == b"OK"
+    assert len(polls.budgets) == 2
+    assert await ask_alone(conn) == b"OK"  # back to back again
+    assert len(polls.budgets) == 3
 
 
 @ASYNCIO_LOOPS

@@ -82,6 +82,14 @@ class Answers:
         ``"back"`` gives it back for redelivery now, not counted as a failure."""
         self._anywhere(self._settle_now, msg, outcome)
 
+    def settle_all(self, msgs: list[Message], outcome: Outcome) -> None:
+        """:meth:`settle` for a run of messages, carried to the loop in one go."""
+        self._anywhere(self._settle_all_now, msgs, outcome)
+
+    def _settle_all_now(self, msgs: list[Message], outcome: Outcome) -> None:
+        for msg in msgs:
+            self._settle_now(msg, outcome)
+
     def _settle_now(self, msg: Message, outcome: Outcome) -> None:
         if msg._responded:
             return

@@ -52,6 +52,16 @@ class Sinks:
         """
         self._answers.settle(message, outcome)
 
+    def settle_all(self, messages: list[Message], outcome: Outcome = "finish") -> None:
+        """``settle`` for many messages at once: one hand-over to the loop instead of one
+        each (any thread; the list is taken over).
+
+        Args:
+            messages: The messages.
+            outcome: As for ``settle``, the same for every message.
+        """
+        self._answers.settle_all(messages, outcome)
+
     def set_raw(self, sink: RawSink) -> None:
         """Hand classic reads whole to ``sink(subscription, buffer, spans)`` on the loop, as
         they came: no Message is made, nothing is answered or counted against

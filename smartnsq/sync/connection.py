@@ -222,7 +222,7 @@ class SyncConnection:
             self._waiters.append(waiter)
             # Alone in flight: poll for the answer before sleeping on it (BusyPoll).
             alone = len(self._waiters) == 1 and self._busy.limit > 0.0
-            poll = self._busy.budget() if alone else 0.0
+            poll = self._busy.budget(time.perf_counter()) if alone else 0.0
             try:
                 self._write(data if self._compress is None else self._compress(data))
             except OSError as exc:  # a timeout too: part of the command may be out
@@ -239,7 +239,7 @@ class SyncConnection:
             finally:
                 self._read_lock.release()
         if alone and waiter.done:
-            self._busy.observe(time.perf_counter() - sent)
+            self._busy.observe(sent, time.perf_counter())
         if not waiter.done:
             raise NSQTimeout(f"nsqd {self.address} did not answer in time")
         if waiter.error is not None:

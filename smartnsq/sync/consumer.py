@@ -11,6 +11,7 @@ from __future__ import annotations
 import queue
 import signal
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
 from typing import Any
@@ -24,6 +25,10 @@ from smartnsq.errors import InvalidType, NSQError
 from smartnsq.lag import ChannelLag, consumer_lag
 from smartnsq.message import Message
 from smartnsq.observe.stats import ConsumerStats
+
+# A handled message's FIN waits for the rest of its burst only while the loop body, from
+# the moment it got that message, has taken less than this (seconds).
+SETTLE_AFTER = 0.002
 
 
 class Consumer:
@@ -86,6 +91,9 @@ class Consumer:
         self._entered: AbstractContextManager[Any] = nullcontext()
         self._handed: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
         self._current: Message | None = None
+        # Messages handled in the for loop whose FIN is still to go, and since when.
+        self._done: list[Message] = []
+        self._done_since = 0.0
         self._stopped = threading.Event()
         self._closed = False
 
@@ -160,6 +168,7 @@ class Consumer:
             return
         self._closed = True
         portal, consumer = self._portal, self._consumer
+        self._settle_done()
         current, self._current = self._current, None
         if current is not None:
             consumer.sinks.settle(current, "finish" if handled else "requeue")
@@ -217,16 +226,30 @@ class Consumer:
             raise NSQError("this Consumer has a handler; call run(), or iterate without one")
         if self._portal is None:
             raise NSQError("start the Consumer first: 'with Consumer(...) as c: for m in c'")
-        while not self._stopped.is_set():
-            current, self._current = self._current, None
-            if current is not None:
-                assert self._consumer is not None
-                self._consumer.sinks.settle(current, "finish")
-            message = self._handed.get()
-            if message is None:
-                return
-            self._current = message
-            yield message
+        handed = self._handed
+        taken = 0.0
+        try:
+            while not self._stopped.is_set():
+                current, self._current = self._current, None
+                if current is not None:
+                    if not self._done:
+                        self._done_since = taken  # when handling the oldest one began
+                    self._done.append(current)
+                try:
+                    message = handed.get_nowait()
+                except queue.Empty:
+                    self._settle_done()  # before sleeping: nothing waits on this thread
+                    message = handed.get()
+                else:
+                    if self._done and time.monotonic() - self._done_since >= SETTLE_AFTER:
+                        self._settle_done()
+                if message is None:
+                    return
+                self._current = message
+                taken = time.monotonic()
+                yield message
+        finally:
+            self._settle_done()
 
     def stats(self) -> ConsumerStats:
         """The consumer's counters (see [`smartnsq.Consumer.stats`][smartnsq.Consumer.stats]).
@@ -268,6 +291,16 @@ class Consumer:
         return lag
 
     # -- the loop's side -------------------------------------------------------------------------
+
+    def _settle_done(self) -> None:
+        # A burst's FINs go to the loop in one hand-over, when this thread would sleep: one
+        # per message made the loop thread fight this one for the GIL mid-burst (a waiting
+        # thread gets it only after the 5 ms switch interval), delaying the next messages.
+        done = self._done
+        if done:
+            self._done = []
+            assert self._consumer is not None
+            self._consumer.sinks.settle_all(done, "finish")
 
     def _give_back_waiting(self) -> None:
         while True:

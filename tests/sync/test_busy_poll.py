@@ -56,6 +56,25 @@ def test_each_lone_publish_polls_for_its_answer_unless_turned_off(
     assert topic_stats(nsqd.http, topic)["message_count"] == 220  # type: ignore[index]
 
 
+@pytest.mark.integration
+def test_a_publish_long_after_the_last_answer_does_not_poll(
+    classic_cluster: Any, monkeypatch: Any
+) -> None:
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("busy")
+    polls = Polls(monkeypatch)
+    monkeypatch.setattr(connection_module, "BusyPoll", lambda limit: BusyPoll(0.05))
+    with Producer([nsqd.tcp], busy_poll=0.01) as producer:
+        producer.publish(topic, b"1")
+        producer.publish(topic, b"2")  # straight after its answer
+        assert len(polls.budgets) == 2
+        time.sleep(0.1)  # the caller paces itself: back later than the limit
+        producer.publish(topic, b"3")
+        assert len(polls.budgets) == 2
+        producer.publish(topic, b"4")  # back to back again
+        assert len(polls.budgets) == 3
+
+
 def test_slow_answers_stop_the_polling(monkeypatch: Any) -> None:
     """An nsqd that answers after 20 ms: one poll finds nothing, then polling stops."""
     polls = Polls(monkeypatch)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from smartnsq.errors import InvalidArgument
 from smartnsq.sync import Consumer, Producer
+from smartnsq.sync.consumer import SETTLE_AFTER
 from tests.helpers import channel_stats, create_channel, unique, wait_for
 
 pytestmark = pytest.mark.integration
@@ -86,6 +88,29 @@ def test_a_thread_that_stops_mid_iteration_loses_nothing(classic_cluster):
     thread.join(30)
     assert not thread.is_alive() and len(got) == 40
     settled(nsqd.http, topic, channel, 60)
+
+
+def test_a_slow_loop_body_has_each_message_finished_when_it_takes_the_next(classic_cluster):
+    """FINs of a fast burst go to the loop together; a loop body slower than that never
+    holds back the FIN of the message before it."""
+    nsqd = classic_cluster.nsqd[0]
+    topic, channel = unique("sslow"), "c"
+    create_channel(nsqd.http, topic, channel)
+    fill(nsqd.tcp, topic, 5)
+    with Consumer(topic, channel, nsqd_tcp_addresses=[nsqd.tcp], max_in_flight=5) as c:
+        wait_for(lambda: c.stats().received == 5, what="all 5 received")
+        it = iter(c)
+        next(it)
+        time.sleep(SETTLE_AFTER * 5)  # a slow loop body (not a wait for anything)
+        next(it)  # more are waiting: no pause in which the FIN would go anyway
+        wait_for(lambda: c.stats().finished == 1, what="the first FINed")
+        for _ in range(3):
+            next(it)
+        del it  # leaves the loop: what was handled is finished, the current one is held
+        wait_for(lambda: c.stats().finished == 4, what="all but the current FINed")
+        assert c.stats().in_flight == 1
+    assert c.stats().finished == 5
+    settled(nsqd.http, topic, channel, 0)
 
 
 def test_handler_form_runs_until_stopped(classic_cluster):
