@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 
 from smartnsq import eager
-from smartnsq.busy_poll import LOOP_YIELD_AFTER, BusyPoll
+from smartnsq.busy_poll import BusyPoll
 from smartnsq.dial import dial, handshake
 from smartnsq.eager import EagerFuture
 from smartnsq.errors import (
@@ -357,7 +357,7 @@ class Connection:
         sent = time.perf_counter()
         budget = self._busy.budget(sent)
         if budget:
-            keep_polling(self._loop, waiter.future, sent + budget, sent + LOOP_YIELD_AFTER)
+            keep_polling(self._loop, waiter.future, sent + budget)
         result = await waiter.wait()
         self._busy.observe(sent, time.perf_counter())
         return result

@@ -90,14 +90,11 @@ class FutureWaiter:
 Waiter = EventWaiter | FutureWaiter
 
 
-def keep_polling(loop: Any, future: asyncio.Future[bytes], until: float, calm: float) -> None:
+def keep_polling(loop: Any, future: asyncio.Future[bytes], until: float) -> None:
     """Until ``future`` is done or the time is up: with a callback always ready, each pass
-    of the loop polls its sockets without sleeping; from ``calm`` on, each pass also gives
-    the CPU away."""
+    of the loop polls its sockets without sleeping, and gives the CPU away."""
     if future.done():
         return
-    now = time.perf_counter()
-    if now < until:
-        if now > calm:
-            cpu_yield()
-        loop.call_soon(keep_polling, loop, future, until, calm)
+    if time.perf_counter() < until:
+        cpu_yield()
+        loop.call_soon(keep_polling, loop, future, until)
