@@ -208,10 +208,10 @@ class ProducerCore(PublishPlanner, Generic[N]):
                 idle loop can take longer to wake than a local nsqd takes to answer, so this can
                 cut a sequential publish's round trip by a third or more. It polls for about
                 twice the answer times seen so far (giving the CPU away between polls), and
-                not at all while they are longer than ``busy_poll``
-                (a remote or busy nsqd) or when the publish comes more than ``busy_poll``
-                after the last answer (a caller that paces itself). Concurrent publishes never
-                poll; nor does a Producer on trio.
+                not at all while they are longer than ``busy_poll`` (a remote or busy nsqd)
+                or when the publish comes more than ``busy_poll`` after the last answer (a
+                caller that paces itself). Concurrent publishes never poll; nor does a
+                Producer on trio.
 
         Raises:
             InvalidArgument: A value is out of range, or neither ``nsqd_tcp_addresses`` nor
