@@ -222,12 +222,12 @@ class SyncConnection:
             self._waiters.append(waiter)
             # Alone in flight: poll for the answer before sleeping on it (BusyPoll).
             alone = len(self._waiters) == 1 and self._busy.limit > 0.0
-            poll = self._busy.budget(time.perf_counter()) if alone else 0.0
             try:
                 self._write(data if self._compress is None else self._compress(data))
             except OSError as exc:  # a timeout too: part of the command may be out
                 self._fail(ConnectionClosed(f"writing to nsqd {self.address} failed: {exc!r}"))
             sent = time.perf_counter()
+            poll = self._busy.budget(sent) if alone else 0.0
         while not waiter.done:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._read_lock.acquire(timeout=remaining):

@@ -91,9 +91,8 @@ class Consumer:
         self._entered: AbstractContextManager[Any] = nullcontext()
         self._handed: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
         self._current: Message | None = None
-        # Messages handled in the for loop whose FIN is still to go, and since when.
+        # Messages handled in the for loop whose FIN is still to go.
         self._done: list[Message] = []
-        self._done_since = 0.0
         self._stopped = threading.Event()
         self._closed = False
 
@@ -227,13 +226,13 @@ class Consumer:
         if self._portal is None:
             raise NSQError("start the Consumer first: 'with Consumer(...) as c: for m in c'")
         handed = self._handed
-        taken = 0.0
+        taken = since = 0.0  # when the loop body got the current / oldest unfinished one
         try:
             while not self._stopped.is_set():
                 current, self._current = self._current, None
                 if current is not None:
                     if not self._done:
-                        self._done_since = taken  # when handling the oldest one began
+                        since = taken
                     self._done.append(current)
                 try:
                     message = handed.get_nowait()
@@ -241,7 +240,7 @@ class Consumer:
                     self._settle_done()  # before sleeping: nothing waits on this thread
                     message = handed.get()
                 else:
-                    if self._done and time.monotonic() - self._done_since >= SETTLE_AFTER:
+                    if self._done and time.monotonic() - since >= SETTLE_AFTER:
                         self._settle_done()
                 if message is None:
                     return
