@@ -101,6 +101,10 @@ class Answers:
         else:
             self.give_back(msg)
 
+    def give_up_anywhere(self, msg: Message) -> None:
+        """:meth:`give_up`, from any thread."""
+        self._anywhere(self.give_up, msg)
+
     def _anywhere(self, fn: Callable[..., None], *args: Any) -> None:
         """Call ``fn`` now on the loop's thread, or carry it over there from another one."""
         if threading.get_ident() == self.state.thread:

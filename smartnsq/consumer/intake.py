@@ -2,7 +2,8 @@
 
 Each read's message frames go to one sink: the handler threads (whole reads), a raw sink
 (whole reads, see :meth:`Intake.set_raw_sink`), a message sink (see
-:meth:`Intake.set_sink`), or the workers' queue (an ``async def`` handler, or pulling).
+:meth:`Intake.set_sink`; whole reads too, when it has a read sink), or the workers' queue
+(an ``async def`` handler, or pulling).
 Counters and RDY top-ups are settled once per read.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 
 from smartnsq.connection import Connection
@@ -37,6 +38,9 @@ _unpack_head = struct.Struct(">qH").unpack_from
 RawSink = Callable[[Subscription, bytes, list[Span]], None]
 #: Takes each delivered message (on the loop).
 Sink = Callable[[Message], None]
+#: Takes a subscription's read whole for a message sink's owner, who makes its messages
+#: with :meth:`Intake.messages`: ``(subscription, read buffer, message frames' spans)``.
+ReadSink = Callable[[Subscription, bytes, list[Span]], None]
 
 
 class Intake:
@@ -44,6 +48,7 @@ class Intake:
         "answers",
         "order",
         "raw_sink",
+        "read_sink",
         "sink",
         "state",
         "threads",
@@ -60,14 +65,32 @@ class Intake:
         self.order: dict[int | None, OrderChecker] = {}
         self.raw_sink: RawSink | None = None
         self.sink: Sink | None = None
+        self.read_sink: ReadSink | None = None
 
     def set_raw_sink(self, sink: RawSink) -> None:
         """See :meth:`smartnsq.consumer.Sinks.set_raw`."""
         self.raw_sink = sink
 
-    def set_sink(self, sink: Sink) -> None:
+    def set_sink(self, sink: Sink, reads: ReadSink | None = None) -> None:
         """See :meth:`smartnsq.consumer.Sinks.set`."""
         self.sink = sink
+        self.read_sink = reads
+
+    def messages(self, sub: Subscription, src: bytes, spans: list[Span]) -> Iterator[Message]:
+        """The messages of a read handed to a read sink, made one at a time as they are
+        taken (any thread); one past ``max_attempts`` is given up (on the loop) instead."""
+        max_attempts = self.state.options.max_attempts
+        answers = self.answers
+        for _, start, end in spans:
+            timestamp, attempts = _unpack_head(src, start)
+            msg = Message(timestamp, attempts, src[start + 10 : start + 26], src[start + 26 : end])
+            msg._reader = sub
+            msg._responded = False
+            msg._auto = True
+            if max_attempts and attempts > max_attempts:
+                answers.give_up_anywhere(msg)
+            else:
+                yield msg
 
     def attach(self, sub: Subscription, conn: Connection) -> None:
         """Route the message frames of the connection's reads to the subscription."""
@@ -100,10 +123,13 @@ class Intake:
         if sub.layout is CLASSIC and not (
             state.stopping or options.auto_touch or self.trace.active
         ):
-            # The whole read to whoever takes reads as they are: the raw sink, or the sync
-            # handler's threads, which build the messages themselves.
+            # The whole read to whoever takes reads as they are: the raw sink, a read sink or
+            # the sync handler's threads; the last two make the messages on their own thread,
+            # which then need not wait for the loop to make a whole read's worth.
             pool = self.threads.pool
-            whole = self.raw_sink or (pool.submit if pool is not None else None)
+            whole = self.raw_sink or self.read_sink
+            if whole is None and pool is not None:
+                whole = pool.submit
             if whole is not None:
                 for _, start, end in spans:
                     if end - start < 26:

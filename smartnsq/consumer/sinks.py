@@ -7,11 +7,15 @@ feed takes classic reads whole through a raw sink. Reach them as ``consumer.sink
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from smartnsq.consumer.answers import Answers, Outcome
-from smartnsq.consumer.intake import Intake, RawSink, Sink
+from smartnsq.consumer.intake import Intake, RawSink, ReadSink, Sink
 from smartnsq.consumer.options import Options
+from smartnsq.consumer.subscription import Subscription
 from smartnsq.errors import NSQError
 from smartnsq.message import Message
+from smartnsq.protocol.frames import Span
 
 
 class Sinks:
@@ -24,7 +28,7 @@ class Sinks:
         self._answers = answers
         self._options = options
 
-    def set(self, sink: Sink) -> None:
+    def set(self, sink: Sink, reads: ReadSink | None = None) -> None:
         """Hand each message to ``sink(message)`` on the event loop (a consumer without a
         handler, instead of ``async for``). The sink's owner answers every message, from any
         thread, with ``settle`` or the message's own methods;
@@ -32,13 +36,34 @@ class Sinks:
 
         Args:
             sink: Called on the loop with each message; it must not block.
+            reads: If given, called on the loop instead of ``sink`` with each classic read
+                whole, as ``reads(subscription, buffer, spans)``; its owner makes the
+                read's messages with [`messages`][smartnsq.consumer.Sinks.messages] on its
+                own thread, and answers them as ``sink``'s. The loop then makes none: an
+                owner on another thread gets a read's first message without waiting for
+                the loop to make the rest. It must not block either.
 
         Raises:
             NSQError: The consumer has a handler.
         """
         if self._options.handler is not None:
             raise NSQError("a message sink is for a Consumer without a handler")
-        self._intake.set_sink(sink)
+        self._intake.set_sink(sink, reads)
+
+    def messages(self, sub: Subscription, src: bytes, spans: list[Span]) -> Iterator[Message]:
+        """The messages of a read given to a ``reads`` sink, made one at a time as they are
+        taken (any thread). A message past ``max_attempts`` is given up (on the loop) and
+        not yielded. Messages not taken stay in flight: give them back with ``settle``.
+
+        Args:
+            sub: The read's subscription, as given to the sink.
+            src: The read's buffer.
+            spans: Its message frames' spans.
+
+        Yields:
+            Each message of the read, in order.
+        """
+        return self._intake.messages(sub, src, spans)
 
     def settle(self, message: Message, outcome: Outcome = "finish") -> None:
         """Done with a message a sink took (any thread).

@@ -89,10 +89,13 @@ class Consumer:
         self._portal: BlockingPortal | None = None
         self._consumer: AsyncConsumer | None = None
         self._entered: AbstractContextManager[Any] = nullcontext()
-        self._handed: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
+        # Messages, whole reads (subscription, buffer, spans), or None: stop iterating.
+        self._handed: queue.SimpleQueue[Message | tuple[Any, ...] | None] = queue.SimpleQueue()
         self._current: Message | None = None
         # Messages handled in the for loop whose FIN is still to go.
         self._done: list[Message] = []
+        # The rest of the read being iterated (see Sinks.set's ``reads``).
+        self._read: Iterator[Message] = iter(())
         self._stopped = threading.Event()
         self._closed = False
 
@@ -148,7 +151,8 @@ class Consumer:
     def _create(self) -> AsyncConsumer:
         consumer = AsyncConsumer(self.topic, self.channel, self._handler, **self._options)
         if self._handler is None:
-            consumer.sinks.set(self._handed.put)  # on the loop; a thread-safe put
+            put = self._handed.put  # on the loop; a thread-safe put
+            consumer.sinks.set(put, lambda *read: put(read))
         return consumer
 
     def close(self, timeout: float = 10.0, *, handled: bool = True) -> None:
@@ -223,29 +227,36 @@ class Consumer:
     def __iter__(self) -> Iterator[Message]:
         if self._handler is not None:
             raise NSQError("this Consumer has a handler; call run(), or iterate without one")
-        if self._portal is None:
+        if self._portal is None or self._consumer is None:
             raise NSQError("start the Consumer first: 'with Consumer(...) as c: for m in c'")
         handed = self._handed
+        make = self._consumer.sinks.messages
+        done = self._done
         taken = since = 0.0  # when the loop body got the current / oldest unfinished one
         try:
             while not self._stopped.is_set():
                 current, self._current = self._current, None
                 if current is not None:
-                    if not self._done:
+                    if not done:
                         since = taken
-                    self._done.append(current)
-                try:
-                    message = handed.get_nowait()
-                except queue.Empty:
-                    self._settle_done()  # before sleeping: nothing waits on this thread
-                    message = handed.get()
-                else:
-                    if self._done and time.monotonic() - since >= SETTLE_AFTER:
-                        self._settle_done()
+                    done.append(current)
+                message = next(self._read, None)
                 if message is None:
-                    return
-                self._current = message
+                    try:
+                        item = handed.get_nowait()
+                    except queue.Empty:
+                        self._settle_done()  # before sleeping: nothing waits on this thread
+                        item = handed.get()
+                    if item is None:
+                        return
+                    if isinstance(item, tuple):  # a whole read: its messages are made here
+                        self._read = make(*item)
+                        continue
+                    message = item
                 taken = time.monotonic()
+                if done and taken - since >= SETTLE_AFTER:
+                    self._settle_done()
+                self._current = message
                 yield message
         finally:
             self._settle_done()
@@ -297,16 +308,23 @@ class Consumer:
         # cost 15-20 % more CPU and delayed the burst's later messages.
         done = self._done
         if done:
-            self._done = []
             assert self._consumer is not None
-            self._consumer.sinks.settle_all(done, "finish")
+            self._consumer.sinks.settle_all(done[:], "finish")
+            done.clear()
 
     def _give_back_waiting(self) -> None:
+        assert self._consumer is not None
+        sinks = self._consumer.sinks
+        back = list(self._read)
+        self._read = iter(())
         while True:
             try:
                 handed = self._handed.get_nowait()
             except queue.Empty:
-                return
-            if handed is not None:
-                assert self._consumer is not None
-                self._consumer.sinks.settle(handed, "back")
+                break
+            if isinstance(handed, tuple):
+                back += sinks.messages(*handed)
+            elif handed is not None:
+                back.append(handed)
+        if back:
+            sinks.settle_all(back, "back")

@@ -188,6 +188,34 @@ def test_a_message_sink_takes_each_message_and_settles_it() -> None:
         Parts(lambda m: None).sinks.set(taken.append)
 
 
+def test_a_read_sink_takes_classic_reads_whole_and_its_owner_makes_the_messages() -> None:
+    given_up: list[Message] = []
+    p = Parts(max_attempts=2, on_giving_up=given_up.append)
+    sub, conn = p.subscribe()
+    taken: list[Message] = []
+    reads: list[tuple[Subscription, bytes, list[Any]]] = []
+    p.sinks.set(taken.append, lambda s, src, spans: reads.append((s, src, spans)))
+    conn.on_messages(*read((MID, 1, b"a"), (MID2, 3, b"b"), (b"x" * 16, 2, b"c")))
+    assert not taken and not p.workers.queue and len(reads) == 1
+    assert (sub.in_flight, sub.received) == (3, 3)  # counted when the read came
+    made = p.sinks.messages(*reads[0])
+    first = next(made)
+    assert (first.id, first.attempts, first.body, first.nsqd_address) == (MID, 1, b"a", "n1:4150")
+    assert not given_up  # made one at a time, as taken
+    rest = list(made)
+    assert [m.body for m in rest] == [b"c"] and [m.id for m in given_up] == [MID2]
+    p.sinks.settle_all([first, *rest])
+    assert conn.written == [
+        b"FIN " + MID2 + b"\n",
+        b"FIN " + MID + b"\n",
+        b"FIN " + b"x" * 16 + b"\n",
+    ]
+    assert (p.answers.finished, p.answers.discarded, sub.in_flight) == (2, 1, 0)
+    p.state.stopping = True  # a read while stopping goes the usual way: given back
+    conn.on_messages(*read((MID, 1, b"d")))
+    assert len(reads) == 1 and conn.written[-1] == b"REQ " + MID + b" 0\n"
+
+
 def test_while_stopping_a_read_is_given_back_at_once() -> None:
     p = Parts()
     _, conn = p.subscribe()

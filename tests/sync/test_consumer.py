@@ -147,3 +147,35 @@ def test_bad_arguments_raise_on_start():
     consumer = Consumer("t", "c", nsqd_tcp_addresses=["127.0.0.1:4150"], max_in_flight=-1)
     with pytest.raises(InvalidArgument, match="max_in_flight"):
         consumer.start()
+
+
+def test_a_message_past_max_attempts_is_given_up_not_handed_over(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    topic, channel = unique("sgiveup"), "c"
+    create_channel(nsqd.http, topic, channel)
+    fill(nsqd.tcp, topic, 1)
+    given_up: list[int] = []
+    attempts: list[int] = []
+    with Consumer(
+        topic,
+        channel,
+        nsqd_tcp_addresses=[nsqd.tcp],
+        max_attempts=2,
+        on_giving_up=lambda m: given_up.append(m.attempts),
+    ) as c:
+
+        def work() -> None:
+            for message in c:
+                attempts.append(message.attempts)
+                message.requeue(0, backoff=False)
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        wait_for(lambda: given_up, what="the third delivery given up")
+        c.stop()
+        thread.join(10)
+        assert not thread.is_alive()
+    assert attempts == [1, 2] and given_up == [3]
+    stats = c.stats()
+    assert (stats.discarded, stats.requeued, stats.finished) == (1, 2, 0)
+    settled(nsqd.http, topic, channel, 0)
