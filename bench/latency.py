@@ -48,6 +48,7 @@ class Row:
     client: str  # bench.common client whose venv runs the driver; "" for Go
     driver: str
     variant: str = ""
+    pub: str = ""  # another row whose publisher this one uses (a mixed pair), else its own
 
 
 ROWS = {
@@ -59,6 +60,29 @@ ROWS = {
         Row("go-nsq", "go-nsq v1.1.0, GOMAXPROCS=1", "", ""),
         Row("go-nsq-2", "go-nsq v1.1.0, GOMAXPROCS=2", "", "", "2"),
         Row("pynsq", "pynsq 0.9.1 (tornado)", "pynsq", "lat_pynsq.py"),
+        # Mixed pairs: which side of a pair sets its latency.
+        Row(
+            "mix-go-pub",
+            "mixed: smartnsq (asyncio) consumer, go-nsq publisher",
+            "smartnsq",
+            "lat_smartnsq.py",
+            pub="go-nsq",
+        ),
+        Row(
+            "mix-go-pub-uvloop",
+            "mixed: smartnsq (uvloop) consumer, go-nsq publisher",
+            "smartnsq",
+            "lat_smartnsq.py",
+            "uvloop",
+            pub="go-nsq",
+        ),
+        Row(
+            "mix-go-sub",
+            "mixed: go-nsq consumer, smartnsq (asyncio) publisher",
+            "",
+            "",
+            pub="smartnsq",
+        ),
     ]
 }
 PERCENTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99), ("p99.9", 0.999), ("max", 1.0))
@@ -128,7 +152,7 @@ def run_one(
             "out": out.name,
         }
         scmd, senv = commands(row, "sub", nsqgo, args)
-        pcmd, penv = commands(row, "pub", nsqgo, args)
+        pcmd, penv = commands(ROWS[row.pub] if row.pub else row, "pub", nsqgo, args)
         rec["cmd"] = {"sub": shlex.join(scmd), "pub": shlex.join(pcmd)}
         sub = c.MeasuredProcess(scmd, env=senv)
         try:
@@ -211,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     rates = [int(float(x)) for x in a.rates.split(",")]
     rows = [ROWS[x] for x in a.clients.split(",")]
     settings = a.settings.split(",")
-    for r in rows:
+    for r in rows + [ROWS[r.pub] for r in rows if r.pub]:
         if r.client:
             c.ensure_venv(c.CLIENTS[r.client])
     nsqgo = ensure_nsqgo()

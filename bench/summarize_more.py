@@ -182,6 +182,8 @@ def latency_section(data: dict[str, Any]) -> str:
         "every message due by then in one call (PUB for one, MPUB for more) and sleeps until "
         "the next is due, so a slow consumer never slows it down. One call is in flight at a "
         "time; the stamp is taken right before the call.",
+        "- Mixed rows (\"mixed: ...\") pair one library's consumer with the other's "
+        "publisher, to show which side of a pair sets its latency; they have no goal.",
         "- Handler entry: smartnsq (asyncio, uvloop) an `async def` handler; smartnsq.sync "
         "the moment `for message in consumer` hands the message over; go-nsq a "
         "`HandlerFunc`; pynsq its `message_handler`. Every message is FINed by the library's "
