@@ -77,6 +77,13 @@ ROWS = {
             pub="go-nsq",
         ),
         Row(
+            "diag-tsleep",
+            "diagnostic: smartnsq (asyncio), publisher paced by time.sleep",
+            "smartnsq",
+            "lat_smartnsq.py",
+            "tsleep",
+        ),
+        Row(
             "mix-go-sub",
             "mixed: go-nsq consumer, smartnsq (asyncio) publisher",
             "",
@@ -226,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", default="1000,10000,50000")
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per run (20)")
     ap.add_argument("--warmup", type=float, default=None, help="warm-up seconds per run (2)")
-    ap.add_argument("--clients", default=",".join(ROWS))
+    ap.add_argument(  # diagnostic rows only when named
+        "--clients", default=",".join(n for n in ROWS if not n.startswith("diag-"))
+    )
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--mif", type=int, default=2500, help="max_in_flight of every consumer")
     a = c.parse_runner_arguments(ap, argv)

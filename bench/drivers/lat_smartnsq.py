@@ -1,6 +1,8 @@
 """smartnsq latency driver (see ``_lat.py``). ``--variant``: ``uvloop`` (uvloop's event
-loop) or ``blocking`` (``smartnsq.sync.Producer`` and ``smartnsq.sync.Consumer``, iterated:
-"handler entry" is the moment the iterator hands the message over)."""
+loop), ``blocking`` (``smartnsq.sync.Producer`` and ``smartnsq.sync.Consumer``, iterated:
+"handler entry" is the moment the iterator hands the message over), or ``tsleep`` (the
+asyncio publisher paced with ``time.sleep``: a diagnostic of the pacing, not a way to use
+smartnsq)."""
 
 from __future__ import annotations
 
@@ -24,12 +26,18 @@ def buffer_options(a: argparse.Namespace) -> dict[str, float]:
 
 
 async def pub(a: argparse.Namespace) -> None:
+    # "tsleep": wait for each due time with time.sleep (blocking the loop; nothing else runs
+    # in this process), whose wake-up is not rounded to a whole millisecond as the loop's is.
+    precise = "tsleep" in a.variant.split(",")
     async with Producer(nsqd_tcp_addresses=[a.addr]) as p:
         await p.publish(a.topic, b"W" * 100)  # connected and ready
         pacer = _lat.Pacer(a)
         while (due := pacer.step()) is not None:
             if isinstance(due, float):
-                await asyncio.sleep(due)
+                if precise:
+                    time.sleep(due)
+                else:
+                    await asyncio.sleep(due)
             elif len(due) == 1:
                 await p.publish(a.topic, due[0])
             else:
