@@ -154,17 +154,7 @@ class Intake:
                 else:
                     append(msg)
             if queue:
-                workers = self.workers
-                if n == 1 and len(queue) == 1 and options.async_handler:
-                    # A read of one message (a low rate): an idle worker handles it right
-                    # here, not a loop pass later, as an ordered message (latency).
-                    msg = queue.pop()
-                    if workers.idle.run_as_worker(workers.handle_now, msg):
-                        return
-                    queue.append(msg)
-                    workers.wake(eager=True)
-                    return
-                workers.wake()
+                self.workers.wake()
             return
         batch = []
         for _, start, end in spans:

@@ -139,34 +139,3 @@ def test_a_read_in_a_transport_callback_under_asyncio_run_gets_a_worker() -> Non
         return len(handled), len(p.workers.slots)
 
     assert asyncio.run(main()) == (2, 1)
-
-
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_a_read_of_one_message_is_handled_in_the_read_callback(anyio_backend: str) -> None:
-    """At a low rate each read holds one message: an idle worker handles it right in the
-    read callback, as the worker's task, not a loop pass (or two) later."""
-    handled: list[bytes] = []
-
-    async def handle(message: Message) -> None:
-        handled.append(message.body)
-
-    p = Parts(handle, max_in_flight=200)
-    sub, conn = p.subscribe()
-    sub.set_rdy(200)
-    async with running(p):
-        conn.on_messages(*read((mid(1), 1, b"first")))  # starts the worker; it goes idle
-        await wait_all_tasks_blocked()
-        assert handled == [b"first"] and len(p.workers.idle) == 1
-        seen: list[list[bytes]] = []
-        done = anyio.Event()
-
-        def data_received() -> None:  # a transport callback, outside any task
-            conn.on_messages(*read((mid(2), 1, b"second")))
-            seen.append(list(handled))
-            done.set()
-
-        asyncio.get_running_loop().call_soon(data_received)
-        await done.wait()
-        assert seen == [[b"first", b"second"]]
-        await wait_all_tasks_blocked()
-        assert fins(conn) == 2 and len(p.workers.slots) == 1
