@@ -19,7 +19,7 @@ from smartnsq.connection import Connection
 from smartnsq.consumer.answers import Answers
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
-from smartnsq.consumer.threads import Threads
+from smartnsq.consumer.threads import Threads, build_message
 from smartnsq.consumer.workers import Workers
 from smartnsq.errors import ProtocolError
 from smartnsq.message import Message, id_text
@@ -81,13 +81,9 @@ class Intake:
         taken (any thread); one past ``max_attempts`` is given up (on the loop) instead."""
         max_attempts = self.state.options.max_attempts
         answers = self.answers
-        for _, start, end in spans:
-            timestamp, attempts = _unpack_head(src, start)
-            msg = Message(timestamp, attempts, src[start + 10 : start + 26], src[start + 26 : end])
-            msg._reader = sub
-            msg._responded = False
-            msg._auto = True
-            if max_attempts and attempts > max_attempts:
+        for _, start, _ in spans:
+            msg = build_message(sub, src, start)
+            if max_attempts and msg.attempts > max_attempts:
                 answers.give_up_anywhere(msg)
             else:
                 yield msg
