@@ -125,14 +125,21 @@ class Drain:
                         self.answers.touch_now(msg)
 
 
+# How long a connection is still read after CLOSE_WAIT. A message nsqd's sender took just
+# before RDY 0 reached it follows the CLOSE_WAIT as soon as the sender loops: both nsqds
+# flush at once for a client that is not ready. On loopback that took 0-2 ms, 13 ms at worst
+# with the CPUs oversubscribed. (This wait was nsqd's output buffer timeout + 50 ms: 300 ms
+# a consumer by default.)
+STRAGGLER_WAIT = 0.05
+
+
 async def _close_wait(sub: Subscription) -> None:
-    """CLS, then keep reading for one output-buffer period: nsqd's sender may have taken a
-    message before it saw RDY 0 and write it after CLOSE_WAIT, to go out when nsqd next
-    flushes. It is requeued as it comes (see intake); closed without reading, it would stay
-    in flight in nsqd until its timeout."""
+    """CLS, then keep reading for STRAGGLER_WAIT: a message nsqd sends after CLOSE_WAIT is
+    requeued as it comes (see intake); closed without reading, it would stay in flight in
+    nsqd until its timeout."""
     conn = sub.conn
     if not conn.usable:
         return
     with anyio.move_on_after(2.0), contextlib.suppress(NSQError):
         await conn.request(commands.CLS, timeout=1.0)
-        await anyio.sleep(conn.features.output_buffer_timeout + 0.05)
+        await anyio.sleep(STRAGGLER_WAIT)

@@ -236,7 +236,7 @@ class Feed:
         while self.buffer:
             rest.add(self.buffer.popleft())
         self.requeue([*self.held, rest])
-        # All at once: each stop lingers for nsqd's output buffer timeout after its CLS.
+        # All at once: each stop reads on for a while after its CLS (see consumer.drain).
         self._loop.portal.call(self._stop_all)
         for cm in self._cms:
             cm.__exit__(None, None, None)  # already stopped: this only ends its task
