@@ -330,3 +330,41 @@ async def test_only_an_https_seed_loads_the_trust_store(
         assert (secure in lm._health) is https  # its request failed where the store loads
     assert bool(loaded) is https
     assert len(c.calls("/lookup")) == 1  # the lookupd /listlookup added was asked too
+
+
+def nodes(ip: str, *topics: str) -> tuple[int, bytes]:
+    """A classic ``/nodes`` answer: one nsqd carrying ``topics``."""
+    return json_body({"producers": [{**node(ip), "topics": list(topics)}]})
+
+
+async def test_nodes_answers_within_the_grace_are_merged(
+    lookupds: tuple[FakeApi, FakeApi, FakeApi],
+) -> None:
+    a, b, _ = lookupds
+    a.routes["/listlookup"] = b.routes["/listlookup"] = NO_LISTLOOKUP
+    a.routes["/nodes"] = nodes("10.0.0.1", "t1", "both")
+    b.routes["/nodes"] = later(0.2, nodes("10.0.0.2", "t2", "both"))
+    async with LookupManager([a.url, b.url], timeout=5, answer_grace=2) as lm:
+        found = await lm.every_topic()
+        assert lm.ranked() == [a.url, b.url]  # slow but in time: not ranked down
+    ips = {t: {n.broadcast_address for n in ns} for t, ns in found.items()}
+    assert ips == {"t1": {"10.0.0.1"}, "t2": {"10.0.0.2"}, "both": {"10.0.0.1", "10.0.0.2"}}
+
+
+async def test_a_slow_nodes_answer_costs_the_grace_not_the_timeout(
+    lookupds: tuple[FakeApi, FakeApi, FakeApi],
+) -> None:
+    a, b, _ = lookupds
+    a.routes["/listlookup"] = b.routes["/listlookup"] = NO_LISTLOOKUP
+    # 200 bytes, one every 50 ms: 10 s in all, each read quick (never a read timeout)
+    a.routes["/nodes"] = drip(200, 0.05)
+    b.routes["/nodes"] = nodes("10.0.0.2", "t")
+    async with LookupManager([a.url, b.url], timeout=5, answer_grace=0.1) as lm:
+        await lm.discover()
+        start = anyio.current_time()
+        found = await lm.every_topic()
+        assert anyio.current_time() - start < 2
+        assert lm.ranked() == [b.url, a.url]  # late: ranked down, its answer not awaited
+        assert lm.every_topic_at_once  # late is not a refusal: still one request a round
+    assert [n.broadcast_address for n in found["t"]] == ["10.0.0.2"]
+    assert len(a.calls("/nodes")) == 1
