@@ -128,8 +128,7 @@ class Drain:
 # How long a connection is still read after CLOSE_WAIT. A message nsqd's sender took just
 # before RDY 0 reached it follows the CLOSE_WAIT as soon as the sender loops: both nsqds
 # flush at once for a client that is not ready. On loopback that took 0-2 ms, 13 ms at worst
-# with the CPUs oversubscribed. (This wait was nsqd's output buffer timeout + 50 ms: 300 ms
-# a consumer by default.)
+# with the CPUs oversubscribed; nsqd's output buffer timeout plays no part.
 STRAGGLER_WAIT = 0.05
 
 
