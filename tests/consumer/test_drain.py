@@ -1,7 +1,7 @@
 """Graceful stops under a steady flow leave nothing in flight, on both kinds of nsqd.
 
 A message nsqd's sender took just before RDY 0 reached it can follow the CLOSE_WAIT (in
-2-7 % of such stops, measured); the stop reads for it and requeues it. One left unread
+0.4-7 % of such stops, measured); the stop reads for it and requeues it. One left unread
 would stay in flight until nsqd's 60 s message timeout, so the last consumer here, which
 must see every message within 20 s, would miss it. Most such messages come in the same read
 as the CLOSE_WAIT, so this guards the guarantee on real servers rather than the wait itself;

@@ -4,7 +4,7 @@ nsqd's output buffer timeout to catch it.
 nsqd's sender can take a message off the channel just before RDY 0 reaches it and write it
 after the CLOSE_WAIT. Both nsqds then flush at once, as the client is no longer ready: on
 loopback such a message followed the CLOSE_WAIT by 0-2 ms (13 ms with the CPUs
-oversubscribed), in 2-7 % of stops under a steady flow. Real nsqd shows it only by timing;
+oversubscribed), in 0.4-7 % of stops under a steady flow. Real nsqd shows it only by timing;
 this fake server does it every time.
 """
 
