@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -369,7 +369,10 @@ def _parse_time_v(text: str) -> tuple[int, float]:
 
 
 def run_measured(
-    cmd: list[str], env: dict[str, str] | None = None, timeout: float = 300.0
+    cmd: list[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 300.0,
+    stdin: int | IO[bytes] = subprocess.DEVNULL,
 ) -> ProcResult:
     """Run ``cmd`` to completion and measure its peak RSS and CPU time.
 
@@ -387,7 +390,7 @@ def run_measured(
         full = [TIME_V, "-v", "-o", tv.name, *cmd] if use_time else cmd
         t0 = time.monotonic()
         proc = subprocess.Popen(
-            full, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            full, stdout=out, stderr=err, stdin=stdin, env=env, start_new_session=True
         )
         timed_out = threading.Event()
 

@@ -9,12 +9,19 @@ entry, CLOCK_MONOTONIC minus the stamp the publisher put in the 100-byte body ri
 its publish call. Runs are interleaved: round r rotates the client order by r-1 inside every
 (rate, setting) block.
 
+With ``--feed pipe`` no publisher paces itself: ``bench.metronome``, one clock for every
+client, writes a byte to the publisher's stdin as each message falls due (``--arrivals``:
+``poisson``, the default, or ``constant``), and the publisher publishes what it reads. That
+takes each runtime's timer rounding out of the comparison.
+
     python -m bench.latency [--rounds 3] [--rates 1000,10000,50000] [--seconds 20]
                             [--warmup 2] [--clients ...] [--settings default,low]
+                            [--feed timer|pipe] [--arrivals poisson|constant]
                             [--quick] [--md/--no-md]
 
-Raw results: bench/results/latency-<time>.json; a full run rewrites "## Latency" in
-BENCHMARKS.md (``python -m bench.summarize FILE`` regenerates it).
+Raw results: bench/results/latency-<time>.json; a full run rewrites "## Latency" (with
+``--feed pipe``: "## Latency, one clock for every publisher") in BENCHMARKS.md
+(``python -m bench.summarize FILE`` regenerates it).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import json
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -112,6 +120,7 @@ def commands(
         if role == "pub":
             cmd += ["-rate", str(args["rate"]), "-warmup", str(args["warmup"])]
             cmd += ["-seconds", str(args["seconds"])]
+            cmd += ["-feed"] if args["feed"] == "pipe" else []
         else:
             cmd += ["-channel", args["channel"], "-mif", str(args["mif"]), "-out", args["out"]]
             if args["obt_ms"]:
@@ -123,6 +132,7 @@ def commands(
     if role == "pub":
         cmd += ["--rate", str(args["rate"]), "--warmup", str(args["warmup"])]
         cmd += ["--seconds", str(args["seconds"])]
+        cmd += ["--feed"] if args["feed"] == "pipe" else []
     else:
         cmd += ["--channel", args["channel"], "--mif", str(args["mif"]), "--out", args["out"]]
         cmd += ["--obt-ms", str(args["obt_ms"])]
@@ -136,6 +146,33 @@ def wait_for(pred: Any, timeout: float, step: float = 0.05) -> bool:
             return True
         time.sleep(step)
     return False
+
+
+def publish(
+    cmd: list[str], env: dict[str, str], rate: int, a: argparse.Namespace
+) -> tuple[c.ProcResult, dict[str, Any] | None]:
+    """Run the publisher to its end; with ``--feed pipe``, fed by ``bench.metronome``, whose
+    figures (lateness, CPU seconds) are returned too."""
+    timeout = a.warmup + a.seconds + 120
+    if a.feed != "pipe":
+        return c.run_measured(cmd, env=env, timeout=timeout), None
+    with tempfile.NamedTemporaryFile("r", prefix="metronome-", suffix=".json") as stats:
+        metro = [sys.executable, "-m", "bench.metronome", "--rate", str(rate)]
+        metro += ["--warmup", str(a.warmup), "--seconds", str(a.seconds)]
+        metro += ["--arrivals", a.arrivals, "--seed", str(rate), "--stats", stats.name]
+        m = subprocess.Popen(metro, cwd=c.ROOT, stdout=subprocess.PIPE)
+        assert m.stdout is not None
+        try:
+            pr = c.run_measured(cmd, env=env, timeout=timeout, stdin=m.stdout)
+        finally:
+            m.stdout.close()
+            _, status, ru = os.wait4(m.pid, 0)
+            m.returncode = os.waitstatus_to_exitcode(status)
+        figures = json.loads(stats.read() or "{}")
+    if m.returncode != 0 or not figures:
+        raise RuntimeError(f"metronome: exit {m.returncode}")
+    figures["cpu_s"] = ru.ru_utime + ru.ru_stime
+    return pr, figures
 
 
 def run_one(
@@ -157,6 +194,7 @@ def run_one(
             "mif": a.mif,
             "obt_ms": SETTINGS[setting],
             "out": out.name,
+            "feed": a.feed,
         }
         scmd, senv = commands(row, "sub", nsqgo, args)
         pcmd, penv = commands(ROWS[row.pub] if row.pub else row, "pub", nsqgo, args)
@@ -176,7 +214,7 @@ def run_one(
             if not wait_for(subscribed, 20):
                 raise RuntimeError("consumer never subscribed")
             snap0 = c.cpu_snapshot(nsqd.pid)
-            pr = c.run_measured(pcmd, env=penv, timeout=a.warmup + a.seconds + 120)
+            pr, metronome = publish(pcmd, penv, rate, a)
             res = c.parse_result_line(pr.stdout)
             if res is None or res.get("error"):
                 why = res.get("error") if res else f"exit {pr.returncode}"
@@ -190,6 +228,9 @@ def run_one(
             # received by then makes the run "overloaded" (its percentiles are lower bounds).
             rec["drained"] = wait_for(drained, max(10.0, a.seconds), 0.1)
             snap1 = c.cpu_snapshot(nsqd.pid)
+            if metronome is not None and res["n"] != int(a.seconds * rate):
+                raise RuntimeError(f"publisher read {res['n']} of {int(a.seconds * rate)}")
+            rec["metronome"] = metronome
             total = res["n"] + res["warmup"]
             rec.update(
                 n=res["n"],
@@ -199,7 +240,8 @@ def run_one(
                 pub_elapsed=res["elapsed"],
                 pub_rss_kb=pr.max_rss_kb,
             )
-            rec.update(c.cpu_delta(snap0, snap1, pr.cpu_s))
+            feed_cpu = metronome["cpu_s"] if metronome else 0.0
+            rec.update(c.cpu_delta(snap0, snap1, pr.cpu_s + feed_cpu))
             rec["nsqd_cpu_us"] = rec.get("nsqd_cpu_s", 0.0) / max(1, total) * 1e6
         except Exception as e:
             rec["error"] = str(e)
@@ -238,6 +280,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--mif", type=int, default=2500, help="max_in_flight of every consumer")
+    ap.add_argument(
+        "--feed",
+        choices=("timer", "pipe"),
+        default="timer",
+        help="timer: each publisher paces itself with its runtime's sleep; pipe: one shared "
+        "clock (bench.metronome) wakes every publisher through its stdin",
+    )
+    ap.add_argument(
+        "--arrivals",
+        choices=("constant", "poisson"),
+        default="poisson",
+        help="the shared clock's schedule (--feed pipe only)",
+    )
     a = c.parse_runner_arguments(ap, argv)
     a.seconds = a.seconds if a.seconds is not None else (3.0 if a.quick else 20.0)
     a.warmup = a.warmup if a.warmup is not None else (1.0 if a.quick else 2.0)
@@ -254,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": a.warmup,
         "settings": {s: SETTINGS[s] for s in settings},
         "mif": a.mif,
+        "feed": a.feed,
+        "arrivals": a.arrivals if a.feed == "pipe" else "constant",
         "clients": [r.name for r in rows],
         "labels": {r.name: r.label for r in rows},
         "nsqd_args": [*c.NSQD_ARGS, *NSQD_EXTRA],
@@ -280,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                                 f"p99.9 {rec['p99.9']:.2f} max {rec['max']:.2f} ms  "
                                 f"cpu pub/sub/nsqd {rec['pub_cpu_us']:.1f}/"
                                 f"{rec['sub_cpu_us']:.1f}/{rec['nsqd_cpu_us']:.1f} us  "
-                                f"lag {rec['pub_lag_max_ms']:.1f} ms  "
+                                f"lag {rec['pub_lag_max_ms'] or 0:.1f} ms  "
                                 f"other {rec.get('other_cpu_frac', -1):.2f}"
                                 + (
                                     f"  OVERLOADED ({rec['received']}/{rec['n']})"
@@ -292,10 +349,11 @@ def main(argv: list[str] | None = None) -> int:
                             )
                         )
     if a.md if a.md is not None else not a.quick:
-        from bench.summarize_more import latency_section
+        from bench.summarize_more import latency_heading, latency_section
 
-        c.replace_md_section(c.BENCHMARKS_MD, "Latency", latency_section(data))
-        c.log(f"rewrote '## Latency' in {c.rel(c.BENCHMARKS_MD)}")
+        heading = latency_heading(data)
+        c.replace_md_section(c.BENCHMARKS_MD, heading, latency_section(data))
+        c.log(f"rewrote '## {heading}' in {c.rel(c.BENCHMARKS_MD)}")
     return 0
 
 

@@ -484,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         data = json.loads(path.read_text())
         heading, fn = SECTIONS[data.get("benchmark", "publish")]
+        if fn is summarize_more.latency_section:
+            heading = summarize_more.latency_heading(data)
         section = fn(data)
         c.replace_md_section(c.BENCHMARKS_MD, heading, section)
         print(section)

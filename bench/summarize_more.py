@@ -63,11 +63,55 @@ def _at_most(x: float, goal: float) -> str:
 
 
 # ---------------------------------------------------------------- latency
+def latency_heading(data: dict[str, Any]) -> str:
+    """The BENCHMARKS.md section of a latency run: its own for the shared clock."""
+    return "Latency, one clock for every publisher" if _fed(data) else "Latency"
+
+
+def _fed(data: dict[str, Any]) -> bool:
+    return bool(data["params"].get("feed") == "pipe")
+
+
+PACED = (
+    "- Open loop: message *i* is due at t0 + i/rate; the publisher wakes up, publishes "
+    "every message due by then in one call (PUB for one, MPUB for more) and sleeps until "
+    "the next is due, so a slow consumer never slows it down. One call is in flight at a "
+    "time; the stamp is taken right before the call."
+)
+
+FED = (
+    "- Open loop, one clock: `bench.metronome` (started with the publisher, timer slack "
+    "1 ns) writes a byte to the publisher's stdin as each message falls due, "
+    "{arrivals}; the schedule is the same for every client at a rate. The publisher "
+    "reads its stdin the way its runtime reads any pipe (asyncio and uvloop: "
+    "`connect_read_pipe`; blocking and Go: `read()`; tornado: `add_handler`) and "
+    "publishes what it read in one call (PUB for one, MPUB for more); bytes that come "
+    "while a call is in flight go in the next. The stamp is taken right before the call. "
+    "So no publisher's sleep decides when it publishes: every runtime's timers round "
+    "sub-millisecond sleeps differently (asyncio and Go's netpoller up to 1 ms; uvloop "
+    "down to 0, so its pacer spins). The metronome's CPU counts as neither client nor "
+    "other jobs."
+)
+
+ARRIVALS = {
+    "poisson": "with exponential gaps (Poisson arrivals, a fixed seed per rate)",
+    "constant": "every 1/rate seconds",
+}
+
+
 def latency_section(data: dict[str, Any]) -> str:
     p = data["params"]
     labels: dict[str, str] = p["labels"]
     runs = [r for r in data["runs"]]
     out = _preamble(data)
+    if _fed(data):
+        late = [r["metronome"]["late_p99_ms"] for r in runs if r.get("metronome")]
+        out += [
+            "The same benchmark, but every publisher is woken by one shared clock instead "
+            "of pacing itself (see Method). The clock's own writes were "
+            f"{_ms(_med(late))} ms behind its schedule at p99 (median over runs).",
+            "",
+        ]
     out.append(
         f"{data['rounds']} interleaved round(s); offered rates {', '.join(map(str, p['rates']))} "
         f"msg/s, {p['seconds']:g} s timed after {p['warmup']:g} s of warm-up per run; 100-byte "
@@ -178,10 +222,7 @@ def latency_section(data: dict[str, Any]) -> str:
         "as the benchmarks' own Go program `bench/go/main.go`, built against go-nsq v1.1.0 "
         "from the Go module proxy into the compat server cache). The consumer is started "
         "first and the publisher once nsqd shows it subscribed.",
-        "- Open loop: message *i* is due at t0 + i/rate; the publisher wakes up, publishes "
-        "every message due by then in one call (PUB for one, MPUB for more) and sleeps until "
-        "the next is due, so a slow consumer never slows it down. One call is in flight at a "
-        "time; the stamp is taken right before the call.",
+        FED.format(arrivals=ARRIVALS[p.get("arrivals", "constant")]) if _fed(data) else PACED,
         "- Mixed rows (\"mixed: ...\") pair one library's consumer with the other's "
         "publisher, to show which side of a pair sets its latency; they have no goal.",
         "- Handler entry: smartnsq (asyncio, uvloop) an `async def` handler; smartnsq.sync "

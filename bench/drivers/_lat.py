@@ -13,6 +13,10 @@ slow consumer never slows it down. The first W*R messages are warm-up ('W' at by
 next S*R are timed ('M'). It prints ``RESULT {json}`` (n, warmup, elapsed, cpu for the timed
 part, lag_max_ms: how far the publisher ever fell behind its schedule).
 
+With ``--feed`` the publisher keeps no schedule: ``bench.metronome`` writes a byte to its
+stdin as each message falls due, and it publishes, whenever it reads, one call for the
+messages read (warm-up and timed ones in calls of their own), until end of file.
+
 ``sub`` subscribes (with ``--obt-ms`` as IDENTIFY's output_buffer_timeout when given), prints
 ``READY``, and records ``monotonic_ns() - stamp`` on handler entry for every timed message.
 When the runner closes its stdin it writes the latencies (int64 ns, native order) to
@@ -47,6 +51,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--obt-ms", type=int, default=0, help="0: nsqd's default")
     p.add_argument("--out", default="")
     p.add_argument("--variant", default="")
+    p.add_argument("--feed", action="store_true", help="paced by bytes on stdin")
     return p.parse_args()
 
 
@@ -100,6 +105,55 @@ class Pacer:
                 "elapsed": (time.monotonic_ns() - self.t_timed) / 1e9,
                 "cpu": time.process_time() - self.cpu0,
                 "lag_max_ms": self.lag_max / 1e6,
+                "batches": self.batches,
+                "error": error,
+            },
+        )
+
+
+class Feed:
+    """The pipe-fed publisher's bookkeeping: ``add()`` what was read from stdin, then
+    ``call()`` gives the bodies of the next publish call (stamped now), or None when nothing
+    is waiting. One call holds messages of one kind, so the timed part starts with a call of
+    its own."""
+
+    def __init__(self) -> None:
+        self.waiting = b""
+        self.n = 0
+        self.n_warm = 0
+        self.batches = 0
+        self.cpu0 = 0.0
+        self.t_timed = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.waiting += chunk
+
+    def call(self) -> list[bytes] | None:
+        w = self.waiting
+        if not w:
+            return None
+        k = len(w) - len(w.lstrip(w[:1]))
+        self.waiting = w[k:]
+        now = time.monotonic_ns()
+        if w[0] == TIMED:
+            if not self.n:
+                self.cpu0 = time.process_time()
+                self.t_timed = now
+            self.n += k
+        else:
+            self.n_warm += k
+        self.batches += 1
+        return [struct.pack(">QB", now, w[0]) + PAD] * k
+
+    def result(self, error: str | None = None) -> None:
+        emit(
+            "RESULT",
+            {
+                "n": self.n,
+                "warmup": self.n_warm,
+                "elapsed": (time.monotonic_ns() - self.t_timed) / 1e9,
+                "cpu": time.process_time() - self.cpu0,
+                "lag_max_ms": None,
                 "batches": self.batches,
                 "error": error,
             },

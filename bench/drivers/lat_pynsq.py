@@ -36,7 +36,53 @@ def sub(a: Any) -> None:
     tornado.ioloop.IOLoop.current().start()
 
 
+def pub_fed(a: Any) -> None:
+    loop = tornado.ioloop.IOLoop.current()
+    writer = nsq.Writer([a.addr])
+    feed = _lat.Feed()
+    st: dict[str, Any] = {"busy": True, "eof": False, "err": None}
+
+    def send() -> None:
+        bodies = feed.call()
+        st["busy"] = bodies is not None
+        if bodies is None:
+            if st["eof"]:
+                feed.result(st["err"])
+                loop.stop()
+        elif len(bodies) == 1:
+            writer.pub(a.topic, bodies[0], on_resp)
+        else:
+            writer.mpub(a.topic, bodies, on_resp)
+
+    def on_resp(conn: object, data: object) -> None:
+        if isinstance(data, nsq.Error):
+            st["err"] = st["err"] or str(data)
+        send()
+
+    def on_readable(fd: int, events: int) -> None:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            st["eof"] = True
+            loop.remove_handler(0)
+        feed.add(chunk)
+        if not st["busy"]:
+            send()
+
+    def wait_ready() -> None:
+        if not writer.conns:
+            loop.call_later(0.005, wait_ready)
+            return
+        writer.pub(a.topic, b"W" * 100, on_resp)
+
+    loop.add_handler(0, on_readable, tornado.ioloop.IOLoop.READ)
+    loop.add_callback(wait_ready)
+    loop.start()
+
+
 def pub(a: Any) -> None:
+    if a.feed:
+        pub_fed(a)
+        return
     loop = tornado.ioloop.IOLoop.current()
     writer = nsq.Writer([a.addr])
     st: dict[str, Any] = {"pacer": None, "err": None}

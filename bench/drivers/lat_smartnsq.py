@@ -25,7 +25,28 @@ def buffer_options(a: argparse.Namespace) -> dict[str, float]:
     return {"output_buffer_timeout": a.obt_ms / 1000} if a.obt_ms else {}
 
 
+async def pub_fed(a: argparse.Namespace) -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(0, "rb", buffering=0)
+    )
+    async with Producer(nsqd_tcp_addresses=[a.addr]) as p:
+        await p.publish(a.topic, b"W" * 100)  # connected and ready
+        feed = _lat.Feed()
+        while chunk := await reader.read(1 << 16):
+            feed.add(chunk)
+            while (bodies := feed.call()) is not None:
+                if len(bodies) == 1:
+                    await p.publish(a.topic, bodies[0])
+                else:
+                    await p.publish_many(a.topic, bodies)
+        feed.result()
+
+
 async def pub(a: argparse.Namespace) -> None:
+    if a.feed:
+        return await pub_fed(a)
     # "tsleep": wait for each due time with time.sleep (blocking the loop; nothing else runs
     # in this process), whose wake-up is not rounded to a whole millisecond as the loop's is.
     precise = "tsleep" in a.variant.split(",")
@@ -66,6 +87,17 @@ async def sub(a: argparse.Namespace) -> None:
 def pub_blocking(a: argparse.Namespace) -> None:
     with BlockingProducer(nsqd_tcp_addresses=[a.addr]) as p:
         p.publish(a.topic, b"W" * 100)
+        if a.feed:
+            feed = _lat.Feed()
+            while chunk := os.read(0, 1 << 16):
+                feed.add(chunk)
+                while (bodies := feed.call()) is not None:
+                    if len(bodies) == 1:
+                        p.publish(a.topic, bodies[0])
+                    else:
+                        p.publish_many(a.topic, bodies)
+            feed.result()
+            return
         pacer = _lat.Pacer(a)
         while (due := pacer.step()) is not None:
             if isinstance(due, float):

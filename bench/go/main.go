@@ -119,6 +119,7 @@ func pub(args []string) {
 	rate := fs.Float64("rate", 1000, "messages per second")
 	warm := fs.Float64("warmup", 2, "seconds of untimed messages first")
 	secs := fs.Float64("seconds", 20, "timed seconds")
+	feed := fs.Bool("feed", false, "paced by bytes on stdin ('W' warm-up, 'M' timed), until EOF")
 	fs.Parse(args)
 	p, err := nsq.NewProducer(c.addr, c.config())
 	if err != nil {
@@ -127,6 +128,10 @@ func pub(args []string) {
 	p.SetLogger(stderrLog, nsq.LogLevelWarning)
 	if err := p.Ping(); err != nil {
 		log.Fatal(err)
+	}
+	if *feed {
+		pubFed(p, c.topic)
+		return
 	}
 	nWarm := int64(*warm * *rate)
 	total := nWarm + int64(*secs**rate)
@@ -175,6 +180,61 @@ func pub(args []string) {
 	emit("RESULT", map[string]interface{}{
 		"n": total - nWarm, "warmup": nWarm, "elapsed": float64(t1-tTimed) / 1e9,
 		"cpu": cpuSeconds() - cpu0, "lag_max_ms": float64(lagMax) / 1e6, "batches": batches,
+	})
+	p.Stop()
+}
+
+// pubFed publishes, whenever it reads stdin, one call for the messages read (warm-up and
+// timed ones in calls of their own), stamped right before the call.
+func pubFed(p *nsq.Producer, topic string) {
+	buf := make([]byte, 1<<16)
+	var waiting []byte
+	var n, nWarm, batches, tTimed int64
+	var cpu0 float64
+	for {
+		k, err := os.Stdin.Read(buf)
+		waiting = append(waiting, buf[:k]...)
+		for len(waiting) > 0 {
+			kind := waiting[0]
+			run := 1
+			for run < len(waiting) && waiting[run] == kind {
+				run++
+			}
+			waiting = waiting[run:]
+			now := mono()
+			if kind == 'M' {
+				if n == 0 {
+					cpu0 = cpuSeconds()
+					tTimed = now
+				}
+				n += int64(run)
+			} else {
+				nWarm += int64(run)
+			}
+			msgs := make([][]byte, run)
+			for i := range msgs {
+				msgs[i] = body(now, kind == 'M')
+			}
+			var perr error
+			if run == 1 {
+				perr = p.Publish(topic, msgs[0])
+			} else {
+				perr = p.MultiPublish(topic, msgs)
+			}
+			if perr != nil {
+				log.Fatal(perr)
+			}
+			batches++
+		}
+		if err == io.EOF {
+			break
+		} else if err != nil {
+			log.Fatal(err)
+		}
+	}
+	emit("RESULT", map[string]interface{}{
+		"n": n, "warmup": nWarm, "elapsed": float64(mono()-tTimed) / 1e9,
+		"cpu": cpuSeconds() - cpu0, "lag_max_ms": nil, "batches": batches,
 	})
 	p.Stop()
 }
