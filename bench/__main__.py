@@ -3,10 +3,10 @@ floor|summarize] [options]``.
 
 Without a sub-command the classic publish and consume benchmarks run, publish first, each
 with the given options (only the options both accept: ``--rounds``, ``--quick``,
-``--python``, ``--md/--no-md``), then the Youzan, latency, scale and TLS/compression ones
-with ``--rounds``/``--quick``/``--md``; ``python -m bench publish ...`` (or ``consume``,
-``youzan``, ``latency``, ``scale``, ``tls_compress``, ``floor``) runs one with all of its own
-options.
+``--python``, ``--md/--no-md``), then the Youzan, latency (self-paced publishers, then one
+clock for all), scale and TLS/compression ones with ``--rounds``/``--quick``/``--md``;
+``python -m bench publish ...`` (or ``consume``, ``youzan``, ``latency``, ``scale``,
+``tls_compress``, ``floor``) runs one with all of its own options.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         or consume.main(args)
         or youzan.main(shared)
         or latency.main(shared)
+        or latency.main([*shared, "--feed", "pipe"])
         or scale.main(shared)
         or tls_compress.main(shared)
     )

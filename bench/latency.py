@@ -170,7 +170,9 @@ def publish(
             m.returncode = os.waitstatus_to_exitcode(status)
         figures = json.loads(stats.read() or "{}")
     if m.returncode != 0 or not figures:
-        raise RuntimeError(f"metronome: exit {m.returncode}")
+        if pr.returncode == 0:
+            raise RuntimeError(f"metronome: exit {m.returncode}")
+        return pr, None  # the publisher's own failure says more
     figures["cpu_s"] = ru.ru_utime + ru.ru_stime
     return pr, figures
 

@@ -454,13 +454,18 @@ def consume_section(data: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def latest(prefix: str) -> Path | None:
+def latest(prefix: str, feed: str | None = None) -> Path | None:
+    """The newest full run of a benchmark (not quick, nor a check run with ``--no-md``); for
+    the latency one, of a ``feed``."""
     for p in sorted(c.RESULTS.glob(f"{prefix}-*.json"), reverse=True):
         try:
-            if not json.loads(p.read_text()).get("quick"):
-                return p
+            data = json.loads(p.read_text())
         except (OSError, ValueError):
             continue
+        if data.get("quick") or "--no-md" in data.get("command", ""):
+            continue
+        if data.get("params", {}).get("feed", "timer") == (feed or "timer"):
+            return p
     return None
 
 
@@ -477,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="?", type=Path)
     a = ap.parse_args(argv)
-    paths = [a.results] if a.results else [p for p in map(latest, SECTIONS) if p]
+    found = [latest(k) for k in SECTIONS] + [latest("latency", "pipe")]
+    paths = [a.results] if a.results else [p for p in found if p]
     if not paths:
         print("no results in bench/results/", file=sys.stderr)
         return 1

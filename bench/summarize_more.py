@@ -76,7 +76,8 @@ PACED = (
     "- Open loop: message *i* is due at t0 + i/rate; the publisher wakes up, publishes "
     "every message due by then in one call (PUB for one, MPUB for more) and sleeps until "
     "the next is due, so a slow consumer never slows it down. One call is in flight at a "
-    "time; the stamp is taken right before the call."
+    "time; the stamp is taken right before the call. Each publisher sleeps with its own "
+    "runtime's timers; the next section runs the same benchmark with one clock for all."
 )
 
 FED = (

@@ -36,6 +36,7 @@ from array import array
 
 PAD = b"x" * 91
 WARM, TIMED = ord("W"), ord("M")
+MAX_CALL = 10_000
 
 
 def parse_args() -> argparse.Namespace:
@@ -132,7 +133,9 @@ class Feed:
         w = self.waiting
         if not w:
             return None
-        k = len(w) - len(w.lstrip(w[:1]))
+        # A publisher that fell far behind sends what waits in calls of at most MAX_CALL
+        # (one MPUB must stay under nsqd's 5 MB --max-body-size).
+        k = min(len(w) - len(w.lstrip(w[:1])), MAX_CALL)
         self.waiting = w[k:]
         now = time.monotonic_ns()
         if w[0] == TIMED:

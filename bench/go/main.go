@@ -196,8 +196,8 @@ func pubFed(p *nsq.Producer, topic string) {
 		waiting = append(waiting, buf[:k]...)
 		for len(waiting) > 0 {
 			kind := waiting[0]
-			run := 1
-			for run < len(waiting) && waiting[run] == kind {
+			run := 1 // at most 10,000 a call, as drivers/_lat.py's Feed
+			for run < len(waiting) && run < 10000 && waiting[run] == kind {
 				run++
 			}
 			waiting = waiting[run:]
