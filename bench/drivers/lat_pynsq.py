@@ -36,6 +36,37 @@ def sub(a: Any) -> None:
     tornado.ioloop.IOLoop.current().start()
 
 
+def publish(writer: Any, topic: str, bodies: list[bytes], on_resp: Any) -> None:
+    if len(bodies) == 1:
+        writer.pub(topic, bodies[0], on_resp)
+    else:
+        writer.mpub(topic, bodies, on_resp)
+
+
+def answered(st: dict[str, Any], then: Any) -> Any:
+    """The callback for a publish's answer: an error is kept in ``st["err"]``, then
+    ``then()``."""
+
+    def on_resp(conn: object, data: object) -> None:
+        if isinstance(data, nsq.Error):
+            st["err"] = st["err"] or str(data)
+        then()
+
+    return on_resp
+
+
+def when_ready(loop: Any, writer: Any, topic: str, then: Any) -> None:
+    """Publish one warm-up message once connected; ``then()`` on its answer."""
+
+    def wait() -> None:
+        if not writer.conns:
+            loop.call_later(0.005, wait)
+            return
+        writer.pub(topic, b"W" * 100, lambda conn, data: then())
+
+    loop.add_callback(wait)
+
+
 def pub_fed(a: Any) -> None:
     loop = tornado.ioloop.IOLoop.current()
     writer = nsq.Writer([a.addr])
@@ -45,19 +76,13 @@ def pub_fed(a: Any) -> None:
     def send() -> None:
         bodies = feed.call()
         st["busy"] = bodies is not None
-        if bodies is None:
-            if st["eof"]:
-                feed.result(st["err"])
-                loop.stop()
-        elif len(bodies) == 1:
-            writer.pub(a.topic, bodies[0], on_resp)
-        else:
-            writer.mpub(a.topic, bodies, on_resp)
+        if bodies is not None:
+            publish(writer, a.topic, bodies, on_resp)
+        elif st["eof"]:
+            feed.result(st["err"])
+            loop.stop()
 
-    def on_resp(conn: object, data: object) -> None:
-        if isinstance(data, nsq.Error):
-            st["err"] = st["err"] or str(data)
-        send()
+    on_resp = answered(st, send)
 
     def on_readable(fd: int, events: int) -> None:
         chunk = os.read(0, 1 << 16)
@@ -68,14 +93,8 @@ def pub_fed(a: Any) -> None:
         if not st["busy"]:
             send()
 
-    def wait_ready() -> None:
-        if not writer.conns:
-            loop.call_later(0.005, wait_ready)
-            return
-        writer.pub(a.topic, b"W" * 100, on_resp)
-
     loop.add_handler(0, on_readable, tornado.ioloop.IOLoop.READ)
-    loop.add_callback(wait_ready)
+    when_ready(loop, writer, a.topic, send)
     loop.start()
 
 
@@ -94,27 +113,16 @@ def pub(a: Any) -> None:
             loop.stop()
         elif isinstance(due, float):
             loop.call_later(due, tick)
-        elif len(due) == 1:
-            writer.pub(a.topic, due[0], on_resp)
         else:
-            writer.mpub(a.topic, due, on_resp)
+            publish(writer, a.topic, due, on_resp)
 
-    def on_resp(conn: object, data: object) -> None:
-        if isinstance(data, nsq.Error):
-            st["err"] = st["err"] or str(data)
-        tick()
+    on_resp = answered(st, tick)
 
-    def on_warmup(conn: object, data: object) -> None:
+    def start() -> None:
         st["pacer"] = _lat.Pacer(a)
         tick()
 
-    def wait_ready() -> None:
-        if not writer.conns:
-            loop.call_later(0.005, wait_ready)
-            return
-        writer.pub(a.topic, b"W" * 100, on_warmup)
-
-    loop.add_callback(wait_ready)
+    when_ready(loop, writer, a.topic, start)
     loop.start()
 
 
