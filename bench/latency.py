@@ -332,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
                         rec["round"] = rnd
                         data["runs"].append(rec)
                         out.write_text(json.dumps(data, indent=1) + "\n")
+                        lag_ms = rec.get("pub_lag_max_ms")  # None: fed, no schedule of its own
+                        lag = "-" if lag_ms is None else f"{lag_ms:.1f} ms"
                         c.log(
                             f"r{rnd} {rate:>6} {setting:<7} {row.name:<16} "
                             + (
@@ -339,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
                                 f"p99.9 {rec['p99.9']:.2f} max {rec['max']:.2f} ms  "
                                 f"cpu pub/sub/nsqd {rec['pub_cpu_us']:.1f}/"
                                 f"{rec['sub_cpu_us']:.1f}/{rec['nsqd_cpu_us']:.1f} us  "
-                                f"lag {rec['pub_lag_max_ms'] or 0:.1f} ms  "
+                                f"lag {lag}  "
                                 f"other {rec.get('other_cpu_frac', -1):.2f}"
                                 + (
                                     f"  OVERLOADED ({rec['received']}/{rec['n']})"

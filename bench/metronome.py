@@ -21,6 +21,7 @@ import os
 import random
 import time
 from array import array
+from bisect import bisect_right
 from itertools import accumulate
 
 PR_SET_TIMERSLACK = 29
@@ -42,9 +43,7 @@ def run(due: array[int], n_warm: int, fd: int) -> array[int]:
     i, n = 0, len(due)
     while i < n:
         now = time.monotonic_ns() - t0
-        j = i
-        while j < n and due[j] <= now:
-            j += 1
+        j = bisect_right(due, now, i)  # every message due by now
         if j == i:
             time.sleep((due[i] - now) / 1e9)
             continue

@@ -482,8 +482,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="?", type=Path)
     a = ap.parse_args(argv)
-    found = [latest(k) for k in SECTIONS] + [latest("latency", "pipe")]
-    paths = [a.results] if a.results else [p for p in found if p]
+    if a.results:
+        paths = [a.results]
+    else:
+        found = [latest(k) for k in SECTIONS] + [latest("latency", "pipe")]
+        paths = [p for p in found if p]
     if not paths:
         print("no results in bench/results/", file=sys.stderr)
         return 1

@@ -25,6 +25,20 @@ def buffer_options(a: argparse.Namespace) -> dict[str, float]:
     return {"output_buffer_timeout": a.obt_ms / 1000} if a.obt_ms else {}
 
 
+async def send(p: Producer, topic: str, bodies: list[bytes]) -> None:
+    if len(bodies) == 1:
+        await p.publish(topic, bodies[0])
+    else:
+        await p.publish_many(topic, bodies)
+
+
+def send_blocking(p: BlockingProducer, topic: str, bodies: list[bytes]) -> None:
+    if len(bodies) == 1:
+        p.publish(topic, bodies[0])
+    else:
+        p.publish_many(topic, bodies)
+
+
 async def pub_fed(a: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -37,10 +51,7 @@ async def pub_fed(a: argparse.Namespace) -> None:
         while chunk := await reader.read(1 << 16):
             feed.add(chunk)
             while (bodies := feed.call()) is not None:
-                if len(bodies) == 1:
-                    await p.publish(a.topic, bodies[0])
-                else:
-                    await p.publish_many(a.topic, bodies)
+                await send(p, a.topic, bodies)
         feed.result()
 
 
@@ -59,10 +70,8 @@ async def pub(a: argparse.Namespace) -> None:
                     time.sleep(due)
                 else:
                     await asyncio.sleep(due)
-            elif len(due) == 1:
-                await p.publish(a.topic, due[0])
             else:
-                await p.publish_many(a.topic, due)
+                await send(p, a.topic, due)
         pacer.result()
 
 
@@ -92,20 +101,15 @@ def pub_blocking(a: argparse.Namespace) -> None:
             while chunk := os.read(0, 1 << 16):
                 feed.add(chunk)
                 while (bodies := feed.call()) is not None:
-                    if len(bodies) == 1:
-                        p.publish(a.topic, bodies[0])
-                    else:
-                        p.publish_many(a.topic, bodies)
+                    send_blocking(p, a.topic, bodies)
             feed.result()
             return
         pacer = _lat.Pacer(a)
         while (due := pacer.step()) is not None:
             if isinstance(due, float):
                 time.sleep(due)
-            elif len(due) == 1:
-                p.publish(a.topic, due[0])
             else:
-                p.publish_many(a.topic, due)
+                send_blocking(p, a.topic, due)
         pacer.result()
 
 
