@@ -85,12 +85,23 @@ def topics(cluster: Cluster) -> list[dict[str, Any]]:
 
 
 def reset(cluster: Cluster) -> None:
-    """Delete every topic (their channels go with them): each snippet starts on a clean nsqd."""
+    """Delete every topic (their channels go with them): each snippet starts on a clean nsqd.
+
+    lookupd forgets them too: nsqd creates a new topic with the channels lookupd still lists for
+    it, and a channel left from an earlier snippet would take messages published before the
+    snippet's own channel exists."""
+    names: set[str] = set()
     for nsqd in cluster.nsqd:
         _, stats = http(nsqd.http, "/stats?format=json")
         for topic in stats.get("topics") or []:
+            names.add(topic["topic_name"])
             name = urllib.parse.quote(topic["topic_name"])
             http(nsqd.http, f"/topic/delete?topic={name}", method="POST")
+    for lookupd in cluster.lookupd:
+        _, listed = http(lookupd.http, "/topics")
+        for topic in names | set((listed or {}).get("topics") or []):
+            name = urllib.parse.quote(topic)
+            http(lookupd.http, f"/topic/delete?topic={name}", method="POST")
 
 
 def prepare_classic(cluster: Cluster, snippet: Snippet) -> None:
