@@ -1,8 +1,9 @@
 """The ```python blocks of README.md and docs/, and how the snippet test runs them.
 
-The convention (README's "Writing docs" says the same): a ```python fence is run unless the
-line right before it is ``<!-- fragment -->``. Other markers, one HTML comment per line right
-before the fence (several may stack), say how it is run:
+The convention (CONTRIBUTING.md, "Writing docs", says the same): a ```python fence is run
+unless the line right before it is ``<!-- fragment: why it cannot run -->`` (the reason is
+required: a library that is not installed, a placeholder host). Other markers, one HTML
+comment per line right before the fence (several may stack), say how it is run:
 
 * ``<!-- forever -->``: it runs until stopped (a worker, a consumer that sleeps forever). The
   test waits until a client of it is subscribed on the cluster's nsqd, then sends SIGINT; it
@@ -14,8 +15,9 @@ before the fence (several may stack), say how it is run:
   servers are not on this machine (the only kind of skip).
 * ``<!-- youzan-ext -->``: the same, with the topics created as ext topics (JSON headers,
   tags, go-nsq compression).
-* ``<!-- spark -->``: it starts a Spark session: a longer timeout (pyspark and Java must be
-  there; it fails, never skips, without them).
+* ``<!-- spark -->``: it starts a local Spark session: a longer timeout, its Python workers on
+  the test's interpreter (pyspark and Java 17 must be there; it fails, never skips, without
+  them). Every block that uses Spark carries it: none is a fragment.
 
 Snippets use the standard addresses 127.0.0.1:4150 (nsqd TCP), 127.0.0.1:4151 (nsqd HTTP),
 127.0.0.1:4160 (lookupd TCP) and 127.0.0.1:4161 (lookupd HTTP), which the test rewrites to
@@ -38,7 +40,7 @@ STANDARD = {"4150": "nsqd_tcp", "4151": "nsqd_http", "4160": "lookupd_tcp", "416
 
 _FENCE = re.compile(r"^(\s*)```python\s*$")
 _CLOSE = re.compile(r"^\s*```\s*$")
-_MARKER = re.compile(r"^\s*<!--\s*([a-z][a-z-]*)\s*-->\s*$")
+_MARKER = re.compile(r"^\s*<!--\s*([a-z][a-z-]*)\s*(?::\s*(.*?))?\s*-->\s*$")
 _ADDRESS = re.compile(r"(?<![\d.])127\.0\.0\.1:(4150|4151|4160|4161)(?!\d)")
 _CONSUMED = re.compile(r"\bConsumer\(\s*[\"']([\w.#-]+)[\"']")
 
@@ -53,6 +55,7 @@ class Snippet:
     line: int  # of the opening fence, 1-based
     code: str
     markers: frozenset[str]
+    reason: str = ""  # why a fragment cannot run
 
     @property
     def id(self) -> str:
@@ -81,6 +84,7 @@ def extract(text: str, path: str) -> list[Snippet]:
             i += 1
             continue
         markers: set[str] = set()
+        reason = ""
         j = i - 1
         while j >= 0 and (m := _MARKER.match(lines[j])):
             if m.group(1) not in MARKERS:
@@ -88,7 +92,13 @@ def extract(text: str, path: str) -> list[Snippet]:
                     f"{path}:{j + 1}: unknown snippet marker {m.group(1)!r} "
                     f"(known: {', '.join(sorted(MARKERS))})"
                 )
+            if (m.group(1) == "fragment") != bool(m.group(2)):
+                raise SnippetError(
+                    f"{path}:{j + 1}: a fragment says why it cannot run "
+                    "(<!-- fragment: reason -->), and only a fragment takes a reason"
+                )
             markers.add(m.group(1))
+            reason = m.group(2) or reason
             j -= 1
         end = i + 1
         while end < len(lines) and not _CLOSE.match(lines[end]):
@@ -97,7 +107,7 @@ def extract(text: str, path: str) -> list[Snippet]:
             raise SnippetError(f"{path}:{i + 1}: ```python fence is never closed")
         indent = len(opening.group(1))
         body = "\n".join(line[indent:] for line in lines[i + 1 : end]) + "\n"
-        found.append(Snippet(path, i + 1, body, frozenset(markers)))
+        found.append(Snippet(path, i + 1, body, frozenset(markers), reason))
         i = end + 1
     return found
 

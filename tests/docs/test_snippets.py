@@ -1,10 +1,11 @@
 """Every ```python block of README.md and docs/ runs as pasted, against real servers.
 
 Each block is one test (``path:line``), run as a subprocess with a timeout. The markers, one
-HTML comment per line right before the fence (see tests/docs/snippets.py and README's
-"Writing docs"):
+HTML comment per line right before the fence (see tests/docs/snippets.py and
+CONTRIBUTING.md's "Writing docs"):
 
-    <!-- fragment -->  not run: an excerpt (names defined elsewhere, a placeholder host)
+    <!-- fragment: why --> not run, for the reason given (a library not installed, a
+                       placeholder host)
     <!-- forever -->   runs until stopped: SIGINT once its consumer is subscribed; it must
                        then exit within STOP_TIMEOUT with status 0 or by KeyboardInterrupt;
                        under smartnsq.run / serve or a blocking Consumer's run(), with 0
@@ -12,7 +13,8 @@ HTML comment per line right before the fence (see tests/docs/snippets.py and REA
     <!-- pytest -->    a test module: run with pytest and the smartnsq plugin's servers
     <!-- youzan -->    needs a Youzan HA cluster: skipped, with the reason, without the fork
     <!-- youzan-ext --> the same, its topics created as ext topics (headers, tags, compression)
-    <!-- spark -->     starts a Spark session: a longer timeout
+    <!-- spark -->     starts a local Spark session (Java 17): a longer timeout
+                       (SPARK_TIMEOUT), its Python workers on this interpreter
     <!-- requeues -->  its handler fails on purpose (dead letters): requeues are expected
 
 The standard addresses 127.0.0.1:4150/4151 (nsqd TCP/HTTP) and 127.0.0.1:4160/4161 (lookupd
@@ -27,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -82,12 +85,23 @@ def topics(cluster: Cluster) -> list[dict[str, Any]]:
 
 
 def reset(cluster: Cluster) -> None:
-    """Delete every topic (their channels go with them): each snippet starts on a clean nsqd."""
+    """Delete every topic (their channels go with them): each snippet starts on a clean nsqd.
+
+    lookupd forgets them too: nsqd creates a new topic with the channels lookupd still lists for
+    it, and a channel left from an earlier snippet would take messages published before the
+    snippet's own channel exists."""
+    names: set[str] = set()
     for nsqd in cluster.nsqd:
         _, stats = http(nsqd.http, "/stats?format=json")
         for topic in stats.get("topics") or []:
+            names.add(topic["topic_name"])
             name = urllib.parse.quote(topic["topic_name"])
             http(nsqd.http, f"/topic/delete?topic={name}", method="POST")
+    for lookupd in cluster.lookupd:
+        _, listed = http(lookupd.http, "/topics")
+        for topic in names | set((listed or {}).get("topics") or []):
+            name = urllib.parse.quote(topic)
+            http(lookupd.http, f"/topic/delete?topic={name}", method="POST")
 
 
 def prepare_classic(cluster: Cluster, snippet: Snippet) -> None:
@@ -227,13 +241,29 @@ def run_pytest(snippet: Snippet, script: Path) -> None:
     assert not re.search(r"\b(skipped|xfailed|deselected)\b", result.stdout), result.stdout
 
 
+def spark_environment() -> dict[str, str]:
+    """A Spark snippet's session is local: its Python workers run this interpreter (which has
+    smartnsq, pyspark and pyarrow), on loopback; a missing Java fails with what to install."""
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        pytest.fail(
+            "Java is missing: the Spark snippets need Java 17 (`./dev setup` installs Debian's "
+            "openjdk-17-jre-headless as root)"
+        )
+    return environment(
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        SPARK_LOCAL_IP="127.0.0.1",
+    )
+
+
 def run_once(snippet: Snippet, script: Path) -> None:
-    timeout = SPARK_TIMEOUT if "spark" in snippet.markers else RUN_TIMEOUT
+    spark = "spark" in snippet.markers
+    timeout = SPARK_TIMEOUT if spark else RUN_TIMEOUT
     try:
         result = subprocess.run(
             [sys.executable, str(script)],
             cwd=script.parent,
-            env=environment(),
+            env=spark_environment() if spark else environment(),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -304,7 +334,7 @@ def test_every_page_has_been_searched() -> None:
 def test_markers_and_fragments_are_read() -> None:
     text = (
         "intro\n```python\nprint(1)\n```\n"
-        "<!-- fragment -->\n```python\nawait x\n```\n"
+        "<!-- fragment: x is elsewhere -->\n```python\nawait x\n```\n"
         "<!-- forever -->\n<!-- spark -->\n```python\nrun()\n```\n"
         "- item\n\n  ```python\n  Consumer('t', 'c')\n  ```\n"
     )
@@ -315,6 +345,7 @@ def test_markers_and_fragments_are_read() -> None:
         (11, True, ["forever", "spark"]),
         (16, True, []),
     ]
+    assert found[1].reason == "x is elsewhere"
     assert found[3].code == "Consumer('t', 'c')\n"
     assert found[3].topics_consumed() == ["t"]
 
@@ -324,6 +355,17 @@ def test_an_unknown_marker_or_an_unclosed_fence_is_an_error() -> None:
         extract("<!-- fragmnet -->\n```python\nx\n```\n", "p.md")
     with pytest.raises(SnippetError, match="never closed"):
         extract("```python\nx\n", "p.md")
+    with pytest.raises(SnippetError, match="says why it cannot run"):
+        extract("<!-- fragment -->\n```python\nx\n```\n", "p.md")
+    with pytest.raises(SnippetError, match="only a fragment takes a reason"):
+        extract("<!-- spark: slow -->\n```python\nx\n```\n", "p.md")
+
+
+def test_every_spark_block_runs_under_the_spark_marker() -> None:
+    uses_spark = [s for s in SNIPPETS if re.search(r"\bpyspark\b|\bspark\.(read|sql)", s.code)]
+    assert uses_spark, "no page shows Spark code any more: drop this test"
+    unmarked = [s.id for s in uses_spark if not s.runnable or "spark" not in s.markers]
+    assert not unmarked, f"Spark blocks that do not run under <!-- spark -->: {unmarked}"
 
 
 def test_only_a_keyboard_interrupt_is_accepted_after_sigint() -> None:

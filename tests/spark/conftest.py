@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +13,11 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        pytest.fail(
+            "Java is missing: Spark needs Java 17 (`./dev setup` installs Debian's "
+            "openjdk-17-jre-headless as root; else `sudo apt-get install openjdk-17-jre-headless`)"
+        )
     # Workers must run this interpreter (it has smartnsq and pyarrow), on loopback.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
