@@ -11,7 +11,7 @@ from typing import TextIO
 import click
 
 from smartnsq import __version__
-from smartnsq.cli import pub, stat, tail, to_file, to_nsq
+from smartnsq.cli import pub, stat, tail, to_file, to_http, to_nsq
 from smartnsq.cli.words import flag_words
 from smartnsq.errors import NSQError
 
@@ -31,7 +31,7 @@ def cli() -> None:
     """
 
 
-for _module in (pub, tail, to_file, to_nsq, stat):
+for _module in (pub, tail, to_file, to_nsq, to_http, stat):
     cli.add_command(_module.command)
 
 
