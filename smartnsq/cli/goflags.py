@@ -149,6 +149,13 @@ _EXTRA: dict[str, list[click.Option]] = {
     "stat": _timeouts("each request to nsqd and lookupd has 5 s"),
 }
 
+# go-nsq's settings that tail and to-file take as flags of their own (nsq_tail and
+# nsq_to_file take them through --consumer-opt).
+_BUFFER_FLAGS = {
+    "output_buffer_timeout": "--output-buffer-timeout",
+    "output_buffer_size": "--output-buffer-size",
+}
+
 # to_nsq's --topic: pub's TOPIC argument, which it stands for (see normalize).
 _TOPIC_OPTION = "--topic"
 
@@ -203,8 +210,9 @@ def go_flags(command: click.Command) -> click.Command:
 
 def normalize(group: click.Group, args: Sequence[str]) -> list[str]:
     """``args`` with Go's syntax in click's: ``-flag[=v]`` as ``--flag[=v]``, a switch's
-    ``--flag=true`` as ``--flag`` and ``--flag=false`` left out; and for ``pub``, to_nsq's
-    ``--topic T`` as the TOPIC argument."""
+    ``--flag=true`` as ``--flag`` and ``--flag=false`` left out; for ``pub``, to_nsq's
+    ``--topic T`` as the TOPIC argument; ``--consumer-opt output_buffer_timeout=25ms`` as
+    ``--output-buffer-timeout=25ms`` where the command has that flag."""
     out = list(args)
     for i, arg in enumerate(out):
         command = group.commands.get(arg)
@@ -236,6 +244,14 @@ def _normalized(command: click.Command, args: list[str]) -> list[str]:
             elif value.lower() not in ("false", "0", "f"):
                 out.append(arg)  # click says what is wrong with it
             continue
+        if flag == "--consumer-opt" and set(_BUFFER_FLAGS.values()) <= options.keys():
+            pair = value if eq else (args[i] if i < len(args) else "")
+            name, _, setting = pair.partition("=")
+            own = _BUFFER_FLAGS.get(name.strip().replace("-", "_"))
+            if own is not None:  # go-nsq's name for what the command has a flag for
+                out += [f"{own}={setting}"]
+                i += 0 if eq else 1
+                continue
         if command.name == "pub" and flag == _TOPIC_OPTION:
             if eq:
                 topic.append(value)

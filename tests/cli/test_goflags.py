@@ -5,6 +5,7 @@ Go's spellings (``-flag=value``, ``--flag=value``, ``-flag value``, ``--switch=t
 
 from __future__ import annotations
 
+import json
 import shlex
 import signal
 from pathlib import Path
@@ -50,7 +51,8 @@ def test_nsq_tail_line_runs_as_tail(classic_cluster):
     assert run_cli("pub", "--nsqd", nsqd.tcp, topic, input=lines_of("x", "y", "z")).returncode == 0
     args = _go(
         "nsq_tail --topic={topic} --channel=c --lookupd-http-address=127.0.0.1:4161 "
-        "-n 3 --print-topic --max-in-flight=10 --consumer-opt=max_attempts=3",
+        "-n 3 --print-topic --max-in-flight=10 --consumer-opt=max_attempts=3"
+        " --consumer-opt=output_buffer_timeout=25ms -consumer-opt output_buffer_size=4096",
         classic_cluster,
         topic=topic,
     )
@@ -141,3 +143,44 @@ def test_go_flags_with_bad_values_are_refused(command, args, needle):
     result = run_cli(command, "--nsqd", "127.0.0.1:1", *args)
     assert result.returncode == 2, result.stderr
     assert needle in result.stderr.decode()
+
+
+def test_nsq_to_nsq_line_runs_as_to_nsq_with_json_filters_and_two_topics(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    first, second, dst = unique("go_src1"), unique("go_src2"), unique("go_dst")
+    create_channel(nsqd.http, dst, "c")
+    for topic, bodies in (
+        (first, ['{"kind": "order", "id": 1, "secret": "x"}', '{"kind": "refund", "id": 2}',
+                 "not json", '["kind"]']),
+        (second, ['{"kind": "order", "id": 3.0, "note": "é"}', '{"id": 4}',
+                  '{"kind": 7, "id": 5}']),
+    ):  # fmt: skip
+        create_channel(nsqd.http, topic, "nsq_to_nsq")
+        assert run_cli("pub", "--nsqd", nsqd.tcp, topic, input=lines_of(*bodies)).returncode == 0
+    line = (
+        "nsq_to_nsq --topic={first} --topic={second} --nsqd-tcp-address=127.0.0.1:4150"
+        " --destination-nsqd-tcp-address=127.0.0.1:4150 --destination-topic={dst}"
+        " --require-json-field=kind --require-json-value=order"
+        " --whitelist-json-field=id --whitelist-json-field=kind --whitelist-json-field=note"
+        " --mode=round-robin --status-every=0 --max-in-flight=10 --consumer-opt=max_attempts=0"
+    )
+    args = _go(line, classic_cluster, first=first, second=second, dst=dst)
+    proc = spawn_cli("to-nsq", *args, "--json")
+    wait_for(lambda: settled(nsqd.http, first, "nsq_to_nsq", 4), what="the first topic done")
+    wait_for(lambda: settled(nsqd.http, second, "nsq_to_nsq", 3), what="the second topic done")
+    wait_for(lambda: settled_count(nsqd.http, dst, 2), what="the two copies")
+    proc.send_signal(signal.SIGTERM)
+    wait_exit(proc)
+    summary = json.loads(proc.stdout.read())  # type: ignore[union-attr]
+    assert (summary["published"], summary["skipped"]) == (2, 5)
+    tail = run_cli("tail", "--nsqd", nsqd.tcp, "--channel", "c", "-n", "2", dst)
+    assert tail.returncode == 0, tail.stderr
+    assert sorted(tail.stdout.decode().splitlines()) == [
+        '{"id":1,"kind":"order"}',
+        '{"id":3,"kind":"order","note":"é"}',
+    ]
+
+
+def settled_count(http: str, topic: str, count: int) -> bool:
+    stats = channel_stats(http, topic, "c") or {}
+    return stats.get("message_count") == count and stats.get("depth") == count
