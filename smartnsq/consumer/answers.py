@@ -267,9 +267,17 @@ class Answers:
                 options.max_attempts,
             )
         else:
-            self.state.call_back("on_giving_up", options.on_giving_up, msg)
+            self.giving_up(msg, None)
         if not msg._responded:
             self.fin(msg, count=False)
+
+    def giving_up(self, msg: Message, reason: Exception | None) -> None:
+        """Call ``on_giving_up`` with ``msg``, and ``reason`` when it takes a second argument."""
+        options = self.state.options
+        callback = options.on_giving_up
+        if callback is not None:
+            args = (msg, reason) if options.giving_up_reason else (msg,)
+            self.state.call_back("on_giving_up", callback, *args)
 
 
 def lost(msg: Message, what: str) -> None:

@@ -230,3 +230,125 @@ async def test_youzan_nothing_is_lost_while_the_dead_letter_leader_is_down(
                     break
     assert sorted(got) == bodies  # none lost, bodies unchanged
     assert all(h["smartnsq.dead.topic"] == topic for h in got.values())
+
+
+def in_flight(http: str, topic: str, channel: str) -> int:
+    return int((channel_stats(http, topic, channel) or {}).get("in_flight_count") or 0)
+
+
+def poison_first(handled: list[bytes]) -> Any:
+    """A handler that fails for b"poison" only, and records what it handled."""
+
+    async def handle(message: Message) -> None:
+        if message.body == b"poison":
+            raise ValueError("cannot handle the poison")
+        handled.append(message.body)
+
+    return handle
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_failing_copy_does_not_stall_healthy_messages(
+    cluster_factory, anyio_backend, caplog
+):
+    # The most common deployment: lookupd only, with backoff. The dead-letter topic's only
+    # nsqd is gone (lookupd still knows the topic): each copy fails for a transient reason.
+    cluster = cluster_factory("classic", nsqd=2)
+    source, sink = cluster.nsqd
+    topic, dead = unique("dl"), unique("dl_dead")
+    create_channel(source.http, topic, "c")
+    create_channel(sink.http, dead, "d")
+    cluster.kill_nsqd(1, signal=signal.SIGKILL)
+    handled: list[bytes] = []
+    caplog.set_level(logging.WARNING, "smartnsq.consumer")
+    async with Producer([source.tcp]) as producer, Consumer(
+        topic, "c", poison_first(handled), lookupd_http_addresses=lookupds(cluster),
+        max_in_flight=4, max_attempts=1, requeue_delay=0, dead_letter_topic=dead,
+    ) as consumer:  # fmt: skip
+        await producer.publish(topic, b"poison")
+        await wait_until(lambda: failed_copies(caplog) >= 1, 30, "a failed copy")
+        healthy = [b"h%d" % i for i in range(8)]
+        await producer.publish_many(topic, healthy)
+        await wait_until(lambda: len(handled) == 8, 10, "the healthy messages")
+        await wait_until(lambda: failed_copies(caplog) >= 3, 30, "more failed copies")
+        assert consumer.stats().backoff_level == 0  # a failed copy is no handler failure
+        assert consumer.stats().discarded == 0
+        assert depth(source.http, topic, "c") == 1  # the poison, still kept
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_copy_the_dead_letter_nsqd_refuses_for_good_is_given_up(
+    cluster_factory, anyio_backend, caplog
+):
+    # The dead-letter topic lives on an nsqd whose --max-msg-size is smaller than the message:
+    # E_BAD_MESSAGE will not change with retries.
+    cluster = cluster_factory("classic", nsqd=1)
+    source = cluster.nsqd[0]
+    sink = cluster.add_nsqd(["--max-msg-size=100"])
+    topic, dead = unique("dl"), unique("dl_dead")
+    create_channel(source.http, topic, "c")
+    create_channel(sink.http, dead, "d")
+    given_up: list[tuple[bytes, BaseException | None]] = []
+    caplog.set_level(logging.WARNING, "smartnsq")
+    async with Producer([source.tcp]) as producer:
+        await producer.publish(topic, b"x" * 200)
+    async with Consumer(
+        topic, "c", failing("async", []), lookupd_http_addresses=lookupds(cluster),
+        max_attempts=1, requeue_delay=0, backoff=False, dead_letter_topic=dead,
+        on_giving_up=lambda m, reason: given_up.append((m.body, reason)),
+    ) as consumer:  # fmt: skip
+        await wait_until(lambda: given_up, 20, "the give-up")
+        await wait_until(lambda: depth(source.http, topic, "c") == 0, 10, "an empty channel")
+        assert consumer.stats().discarded == 1
+    [(body, reason)] = given_up
+    assert body == b"x" * 200 and "E_BAD_MESSAGE" in str(reason)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "E_BAD_MESSAGE" in errors[0].getMessage()
+    assert failed_copies(caplog) == 0  # not retried
+    assert depth(sink.http, dead, "d") == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("slow_for", [1.5, 8.0])
+async def test_a_graceful_stop_leaves_no_copy_in_flight(cluster_factory, anyio_backend, slow_for):
+    # The dead-letter nsqd is stopped (SIGSTOP) while copies are pending: the stop waits for
+    # them within its timeout (2 s here), and what is still pending then is requeued.
+    cluster = cluster_factory("classic", nsqd=2)
+    source, sink = cluster.nsqd
+    topic, dead = unique("dl"), unique("dl_dead")
+    create_channel(source.http, topic, "c")
+    create_channel(sink.http, dead, "d")
+    async with Producer([source.tcp]) as producer:
+        await producer.publish_many(topic, [b"m%d" % i for i in range(N)])
+    consumer = giving_up_at_once(cluster, topic, dead)
+    sink.signal(signal.SIGSTOP)
+    try:
+        async with consumer:
+            await wait_until(lambda: consumer.stats().received >= 2 * N, 10, "the give-ups")
+            with anyio.CancelScope() as resume:
+                async with anyio.create_task_group() as tg:
+
+                    async def cont() -> None:
+                        await anyio.sleep(slow_for)  # how long the fault lasts
+                        sink.signal(signal.SIGCONT)
+
+                    tg.start_soon(cont)
+                    started = anyio.current_time()
+                    await consumer.stop(timeout=2.0)
+                    took = anyio.current_time() - started
+                    if slow_for > 2.0:
+                        assert 2.0 <= took < 4.0  # waited for the copies, then gave them back
+                        assert in_flight(source.http, topic, "c") == 0  # nothing left in flight
+                    resume.cancel()
+    finally:
+        sink.signal(signal.SIGCONT)
+    if slow_for < 2.0:
+        assert 1.0 <= took < 2.0  # waited for the copies
+        assert depth(source.http, topic, "c") == 0  # each finished once copied
+        assert depth(sink.http, dead, "d") == N
+    else:
+        assert in_flight(source.http, topic, "c") == 0
+        await wait_until(lambda: depth(source.http, topic, "c") == N, 5, "requeued originals")
