@@ -454,7 +454,7 @@ class Consumer:
         """
         a, state = self._answers, self._state
         counts = state.received, a.finished, a.requeued, a.discarded, self._pacing.backoff.level
-        return consumer_stats(*counts, list(state.subs.values()))
+        return consumer_stats(*counts, list(state.subs.values()), a.refused)
 
     async def lag(
         self, *, nsqd_http_addresses: Sequence[str] = (), timeout: float = 10.0
