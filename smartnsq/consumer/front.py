@@ -17,7 +17,7 @@ from smartnsq.consumer.deadletters import DeadLetterTopic
 from smartnsq.consumer.drain import Drain
 from smartnsq.consumer.intake import Intake
 from smartnsq.consumer.nodes import Nodes
-from smartnsq.consumer.options import Handler, Options, is_async_handler
+from smartnsq.consumer.options import GivingUp, Handler, Options, is_async_handler
 from smartnsq.consumer.pacing import Pacing
 from smartnsq.consumer.sinks import Sinks
 from smartnsq.consumer.state import State
@@ -93,7 +93,7 @@ class Consumer:
         auto_touch: bool = False,
         msg_timeout: float | None = None,
         heartbeat_interval: float = 30.0,
-        on_giving_up: Callable[[Message], Any] | None = None,
+        on_giving_up: GivingUp | None = None,
         tls: ssl.SSLContext | bool = False,
         tls_hostname: str | None = None,
         snappy: bool = False,
@@ -185,7 +185,9 @@ class Consumer:
                 0.5 s) is closed and reconnected. Default 30.0.
             on_giving_up: Called with a message that exceeded ``max_attempts``, before it is
                 FINed; may be ``async`` (then awaited in the background). Its exceptions are
-                logged. Default None: a warning is logged.
+                logged. One that takes two arguments also gets the reason: None, or the error
+                the ``dead_letter_topic`` refused the copy with for good (the message is then
+                finished without a copy). Default None: a warning is logged.
             tls: ``True`` for TLS with the system's trusted certificates and host name
                 verification, an ``ssl.SSLContext`` for your own settings
                 (client certificates, a private CA), ``False`` (default) for plain TCP.
@@ -249,9 +251,10 @@ class Consumer:
                 buffering (nsqd then also ignores ``output_buffer_timeout``); else at least 64
                 (nsqd's ``--max-output-buffer-size``, 64 KiB by default, bounds it).
             dead_letter_topic: Where a message given up on (past ``max_attempts``) goes:
-                published there, then finished once nsqd acknowledged the copy, or requeued
-                with backoff if that publish fails ([dead letters][consumer-dead-letters]).
-                ``None`` (default): finished.
+                published there, then finished once nsqd acknowledged the copy; requeued
+                after a growing delay (without backoff) if that publish fails; given up
+                with an ERROR if the topic refuses it for good
+                ([dead letters][consumer-dead-letters]). ``None`` (default): finished.
 
         Raises:
             InvalidArgument: A value is out of range, a name breaks NSQ's rules, or neither

@@ -40,6 +40,10 @@ def is_async_handler(fn: Callable[..., Any]) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
+#: ``on_giving_up``: called with the message, and the reason when it takes two arguments.
+GivingUp = Callable[[Message], Any] | Callable[[Message, Exception | None], Any]
+
+
 def takes_reason(fn: Callable[..., Any]) -> bool:
     """Whether an ``on_giving_up`` callback takes a second argument, the reason."""
     try:
@@ -82,9 +86,7 @@ class Options:
     auto_touch: bool = False
     msg_timeout: float | None = None
     heartbeat_interval: float = 30.0
-    on_giving_up: Callable[[Message], Any] | Callable[[Message, Exception | None], Any] | None = (
-        None
-    )
+    on_giving_up: GivingUp | None = None
     tls: ssl.SSLContext | bool = False
     tls_hostname: str | None = None
     snappy: bool = False
