@@ -18,8 +18,18 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 
 from smartnsq.consumer.state import State
+from smartnsq.consumer.subscription import Subscription
 from smartnsq.deadletter import DeadLetters, LastErrors
-from smartnsq.errors import BadBody, BadMessage, BadTopic, InvalidArgument, NSQError
+from smartnsq.errors import (
+    BadBody,
+    BadMessage,
+    BadTopic,
+    InvalidArgument,
+    LookupFailed,
+    NSQError,
+    TopicNotFound,
+)
+from smartnsq.lookup.manager import LookupManager
 from smartnsq.message import Message, id_text
 from smartnsq.notice import warn_unheard
 
@@ -46,6 +56,8 @@ class Settle(Protocol):
     def req(self, msg: Message, delay: float | None, backoff: bool) -> None: ...
 
     def giving_up(self, msg: Message, reason: Exception | None) -> None: ...
+
+    def touch_now(self, msg: Message) -> None: ...
 
 
 def retry_delay(msg: Message, max_attempts: int, max_requeue_delay: float) -> float:
@@ -93,6 +105,26 @@ class DeadLetterTopic:
             finally:
                 self.producer = None
 
+    async def check(self) -> None:
+        """At start: on the Youzan fork, where an operator creates topics, a dead-letter topic
+        no lookupd knows is an error (:class:`TopicNotFound`), not a loop of failed copies.
+        A lookupd that does not answer is no error: each copy asks again."""
+        lookupds = self.state.options.lookupds
+        if not lookupds:
+            return
+        topic = self.letters.topic
+        async with LookupManager(lookupds) as lookup:
+            try:
+                await lookup.lookup(topic, "w")
+            except TopicNotFound as exc:
+                if lookup.fork:
+                    raise TopicNotFound(
+                        f"dead_letter_topic {topic!r} does not exist: create it (with the "
+                        f"fork's topic create API) before starting the consumer ({exc})"
+                    ) from None
+            except LookupFailed as exc:
+                log.debug("could not check dead-letter topic %s at start: %s", topic, exc)
+
     def give_up(self, msg: Message, answers: Settle) -> None:
         if self.state.spawn(self._send, msg, answers):
             self.pending.add(msg)
@@ -126,6 +158,11 @@ class DeadLetterTopic:
                 return
             options = self.state.options
             delay = retry_delay(msg, options.max_attempts, options.max_requeue_delay)
+            sub: Subscription = msg._reader  # type: ignore[assignment]
+            if sub.ordered:
+                # An ordered partition redelivers a REQ at once whatever its delay, and holds
+                # the rest behind it anyway: hold the message for the delay (kept alive).
+                delay = min(delay, sub.conn.features.msg_timeout / 2)
             log.warning(
                 "could not publish message %s to dead-letter topic %s (%s): requeued, not "
                 "finished; it comes back in %g s",
@@ -134,6 +171,11 @@ class DeadLetterTopic:
                 exc,
                 delay,
             )
+            if sub.ordered:
+                answers.touch_now(msg)
+                await anyio.sleep(delay)
+                if msg._responded:  # a stop gave it back meanwhile
+                    return
             # No backoff: the other messages are not at fault, they keep flowing.
             answers.req(msg, delay, False)
             return

@@ -364,6 +364,8 @@ class Consumer:
         if self._started:
             raise NSQError("a Consumer can be started only once")
         await self._options.start_plan.check()
+        if self._answers.dead is not None:
+            await self._answers.dead.check()
         self._started = True
         self._state.thread, self._state.forks = owner()
 

@@ -119,6 +119,7 @@ class LookupManager:
         self._leader: str | None = None
         self._listed_at = -float("inf")
         self._no_listlookup: set[str] = set()  # lookupds that answered 404 to /listlookup
+        self.fork = False  # a lookupd answered /listlookup: the Youzan fork
         self._no_nodes: set[str] = set()  # lookupds that refused /nodes
         self._health: dict[str, _Health] = {}
         # (topic, access) -> (fetched at, expires at, layout)
@@ -199,6 +200,7 @@ class LookupManager:
                 self._no_listlookup.add(seed)  # classic: its own cluster; never ask again
                 return [], None
             self._report(seed, skipped)
+            self.fork = True
             return listed
 
         answers, _ = await self._ask(self.seeds, ask, lambda _: True)

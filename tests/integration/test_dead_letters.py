@@ -352,3 +352,63 @@ async def test_a_graceful_stop_leaves_no_copy_in_flight(cluster_factory, anyio_b
     else:
         assert in_flight(source.http, topic, "c") == 0
         await wait_until(lambda: depth(source.http, topic, "c") == N, 5, "requeued originals")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_youzan_ordered_partition_dead_letters_the_poison_and_moves_on(
+    youzan_cluster, anyio_backend, kind
+):
+    topic, dead = unique("dlo"), unique("dlo_dead")
+    create_topic(youzan_cluster, topic, partitions=1, replicas=1, ordered=True, channel="c")
+    create_topic(youzan_cluster, dead, partitions=1, replicas=1, channel="d")
+    bodies = [b"poison"] + [b"h%d" % i for i in range(4)]
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        for body in bodies:
+            await producer.publish(topic, body, sharding_key="k")
+    handled: list[bytes] = []
+    attempts: list[int] = []
+    given_up: list[bytes] = []
+
+    def handle_sync(message: Message) -> None:
+        if message.body == b"poison":
+            attempts.append(message.attempts)
+            raise ValueError("cannot handle the poison")
+        handled.append(message.body)
+
+    async def handle(message: Message) -> None:
+        handle_sync(message)
+
+    async with Consumer(
+        topic, "c", handle if kind == "async" else handle_sync,
+        lookupd_http_addresses=lookupds(youzan_cluster),
+        max_attempts=3, requeue_delay=0, dead_letter_topic=dead,
+        on_giving_up=lambda m: given_up.append(m.body),
+    ):  # fmt: skip
+        await wait_until(lambda: len(handled) == 4, 30, "the rest of the partition")
+    assert handled == bodies[1:]  # in order, after the poison was dead-lettered
+    assert attempts == [1, 2, 3] and given_up == [b"poison"]
+    reader = Consumer(dead, "d", lookupd_http_addresses=lookupds(youzan_cluster))
+    async with reader:
+        with anyio.fail_after(30):
+            copy = await reader.__anext__()
+    assert copy.body == b"poison"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_youzan_a_missing_dead_letter_topic_is_an_error_at_start(
+    youzan_cluster, anyio_backend
+):
+    from smartnsq.errors import TopicNotFound
+
+    topic = unique("dlm")
+    create_topic(youzan_cluster, topic, partitions=1, replicas=1, ordered=True, channel="c")
+    consumer = Consumer(
+        topic, "c", failing("async", []), lookupd_http_addresses=lookupds(youzan_cluster),
+        dead_letter_topic=unique("dlm_missing"),
+    )  # fmt: skip
+    with anyio.fail_after(10), pytest.raises(TopicNotFound, match="dead_letter_topic"):
+        async with consumer:
+            pass
