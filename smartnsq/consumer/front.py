@@ -151,7 +151,7 @@ class Consumer:
             max_attempts: A message delivered more than this many times is not handed to the
                 handler: it goes to ``on_giving_up`` (or a warning is logged) and is FINed.
                 0 means no limit. Not applied on ordered partitions, where skipping a message
-                would break the order. Default 5.
+                would break the order, unless there is a ``dead_letter_topic``. Default 5.
             requeue_delay: Delay of a REQ when the handler fails (or calls
                 ``message.requeue()`` without a delay): ``requeue_delay`` times the message's
                 attempts, capped by ``max_requeue_delay``. Default 90.0. Ordered partitions
@@ -254,7 +254,10 @@ class Consumer:
                 published there, then finished once nsqd acknowledged the copy; requeued
                 after a growing delay (without backoff) if that publish fails; given up
                 with an ERROR if the topic refuses it for good
-                ([dead letters][consumer-dead-letters]). ``None`` (default): finished.
+                ([dead letters][consumer-dead-letters]). Also on ordered partitions, which
+                then move on past it. On the Youzan fork the topic must exist: else the start
+                raises [`TopicNotFound`][smartnsq.errors.TopicNotFound]. ``None``
+                (default): finished.
 
         Raises:
             InvalidArgument: A value is out of range, a name breaks NSQ's rules, or neither
