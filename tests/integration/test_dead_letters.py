@@ -412,3 +412,41 @@ async def test_youzan_a_missing_dead_letter_topic_is_an_error_at_start(
     with anyio.fail_after(10), pytest.raises(TopicNotFound, match="dead_letter_topic"):
         async with consumer:
             pass
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_youzan_ordered_partition_waits_for_a_failing_copy_without_spinning(
+    cluster_factory, anyio_backend, caplog
+):
+    cluster = cluster_factory("youzan", nsqd=2)
+    node = {n.http: i for i, n in enumerate(cluster.nsqd)}
+
+    def leader(info: dict[str, Any]) -> int:
+        [n] = info["partitions"].values()
+        return node[f"{n['broadcast_address']}:{n['http_port']}"]
+
+    topic, dead = unique("dlo"), unique("dlo_dead")
+    sink = leader(create_topic(cluster, dead, partitions=1, replicas=1, channel="d"))
+    # lookupd picks the leaders: make topics until the source is on the other nsqd
+    while leader(create_topic(cluster, topic, 1, 1, ordered=True, channel="c")) == sink:
+        topic = unique("dlo")
+    bodies = [b"poison", b"h0", b"h1"]
+    async with Producer(lookupd_http_addresses=lookupds(cluster)) as producer:
+        for body in bodies:
+            await producer.publish(topic, body, sharding_key="k")
+    handled: list[bytes] = []
+    cluster.kill_nsqd(sink, signal=signal.SIGTERM)
+    caplog.set_level(logging.WARNING, "smartnsq.consumer")
+    async with Consumer(
+        topic, "c", poison_first(handled), lookupd_http_addresses=lookupds(cluster),
+        max_attempts=1, requeue_delay=0, backoff=False, dead_letter_topic=dead,
+    ):  # fmt: skip
+        await wait_until(lambda: failed_copies(caplog) >= 2, 30, "failed copies")
+        started = time.monotonic()
+        await wait_until(lambda: failed_copies(caplog) >= 4, 30, "more failed copies")
+        # held 2 s, then 4 s between tries: no spinning, and nothing overtook the poison
+        assert time.monotonic() - started >= 5.0
+        assert handled == []
+        cluster.restart_nsqd(sink)
+        await wait_until(lambda: handled == bodies[1:], 120, "the partition moving on")
