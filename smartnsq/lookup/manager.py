@@ -286,7 +286,8 @@ class LookupManager:
         """Ask the lookupds about ``topic``, merge their answers and cache the result.
 
         ``access`` is ``"r"`` (consumers) or ``"w"`` (producers). For ``"w"`` a topic no
-        lookupd knows raises :class:`TopicNotFound`; for ``"r"`` it is an empty layout.
+        lookupd knows is every nsqd the (classic) lookupds know, where nsqd creates it, or
+        :class:`TopicNotFound` (the fork); for ``"r"`` it is an empty layout.
         """
         await self.discover()
         candidates = self._candidates()
