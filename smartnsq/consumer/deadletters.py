@@ -5,9 +5,9 @@ A copy that fails for a reason that may pass (nsqd down or slow, no nsqd listed)
 original requeued, not finished, so nothing is lost; it comes back after a delay that grows
 with each failed copy, and it does not slow the consumer down (no backoff): the other
 messages keep flowing. A copy the destination refuses for good (``E_BAD_MESSAGE``,
-``E_BAD_TOPIC``, ``E_BAD_BODY``, a body over the producer's ``max_message_size``) is not tried
-again: the message is given up on without a copy (``on_giving_up`` with the reason, an ERROR)
-and finished. A graceful stop waits for pending copies (see :mod:`smartnsq.consumer.drain`).
+``E_BAD_TOPIC``, ``E_BAD_BODY``) is not tried again: the message is given up on without a
+copy (``on_giving_up`` with the reason, an ERROR) and finished. A graceful stop waits for
+pending copies (see :mod:`smartnsq.consumer.drain`).
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ REFUSED_FOR_GOOD = (BadMessage, BadTopic, BadBody, InvalidArgument)
 # (and to max_requeue_delay).
 RETRY_FIRST = 1.0
 RETRY_MOST = 60.0
+# The destination nsqd decides what is too large (its --max-msg-size may exceed the
+# Producer's default 1 MiB): a copy is checked against this only.
+COPY_MAX = 1 << 30
 
 
 class Settle(Protocol):
@@ -98,6 +101,8 @@ class DeadLetterTopic:
             auth_over_plaintext=config.auth_over_plaintext,
             connect_timeout=config.connect_timeout,
             client_id=config.client_id,
+            max_message_size=COPY_MAX,
+            max_body_size=COPY_MAX + 8,
         ) as producer:
             self.producer = producer
             try:

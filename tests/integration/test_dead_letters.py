@@ -139,7 +139,9 @@ async def test_nothing_is_lost_while_the_dead_letter_nsqd_is_down(
     create_channel(sink.http, dead, "d")  # the dead-letter topic lives on the other nsqd
     async with Producer([source.tcp]) as producer:
         await producer.publish_many(topic, [b"m%d" % i for i in range(N)])
-    cluster.kill_nsqd(1, signal=signal.SIGKILL)
+    # SIGTERM: nsqd saves its topics and channels in the background, so one SIGKILLed right
+    # after the channel was created may come back without it.
+    cluster.kill_nsqd(1, signal=signal.SIGTERM)
     caplog.set_level(logging.WARNING, "smartnsq.consumer")
     async with giving_up_at_once(cluster, topic, dead):
         await wait_until(lambda: failed_copies(caplog) >= 2 * N, 30, "failed copies")
@@ -450,3 +452,28 @@ async def test_youzan_ordered_partition_waits_for_a_failing_copy_without_spinnin
         assert handled == []
         cluster.restart_nsqd(sink)
         await wait_until(lambda: handled == bodies[1:], 120, "the partition moving on")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_message_over_one_mib_is_copied_when_nsqd_takes_it(cluster_factory, anyio_backend):
+    # nsqd's --max-msg-size decides, not the Producer's default max_message_size (1 MiB).
+    cluster = cluster_factory("classic", nsqd_args=["--max-msg-size=3000000"])
+    nsqd = cluster.nsqd[0]
+    topic, dead = unique("dl"), unique("dl_dead")
+    create_channel(nsqd.http, topic, "c")
+    create_channel(nsqd.http, dead, "d")
+    big = b"b" * 1_500_000
+    async with Producer([nsqd.tcp], max_message_size=2_000_000) as producer:
+        await producer.publish(topic, big)
+
+    async def handle(message: Message) -> None:
+        raise ValueError("cannot handle it")  # not the body: it is 1.5 MB
+
+    async with Consumer(
+        topic, "c", handle, nsqd_tcp_addresses=[nsqd.tcp], max_attempts=1, requeue_delay=0,
+        backoff=False, dead_letter_topic=dead,
+    ) as consumer:  # fmt: skip
+        await wait_until(lambda: depth(nsqd.http, dead, "d") == 1, 20, "the copy")
+        await wait_until(lambda: depth(nsqd.http, topic, "c") == 0, 10, "an empty channel")
+        assert consumer.stats().discarded == 1
