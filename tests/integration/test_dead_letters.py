@@ -16,7 +16,15 @@ from smartnsq import Consumer, Message, Producer
 from smartnsq import sync as nsq_sync
 from smartnsq.errors import InvalidArgument
 from smartnsq.lag import channel_lag
-from tests.helpers import channel_stats, create_channel, lookupds, unique, wait_for, wait_until
+from tests.helpers import (
+    channel_stats,
+    create_channel,
+    lookupds,
+    topic_stats,
+    unique,
+    wait_for,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration]
 
@@ -477,3 +485,20 @@ async def test_a_message_over_one_mib_is_copied_when_nsqd_takes_it(cluster_facto
         await wait_until(lambda: depth(nsqd.http, dead, "d") == 1, 20, "the copy")
         await wait_until(lambda: depth(nsqd.http, topic, "c") == 0, 10, "an empty channel")
         assert consumer.stats().discarded == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_dead_letter_topic_that_does_not_exist_yet_is_created(
+    classic_cluster, anyio_backend
+):
+    # The most common deployment: lookupd only, and nobody created the dead-letter topic.
+    nsqd = classic_cluster.nsqd[0]
+    topic, dead = unique("dl"), unique("dl_dead")
+    create_channel(nsqd.http, topic, "c")
+    async with Producer([nsqd.tcp]) as producer:
+        await producer.publish_many(topic, [b"m%d" % i for i in range(N)])
+    async with giving_up_at_once(classic_cluster, topic, dead) as consumer:
+        await wait_until(lambda: consumer.stats().discarded == N, 20, "the dead letters")
+        await wait_until(lambda: depth(nsqd.http, topic, "c") == 0, 10, "an empty channel")
+    assert (topic_stats(nsqd.http, dead) or {}).get("message_count") == N
