@@ -424,6 +424,7 @@ async def test_youzan_a_missing_dead_letter_topic_is_an_error_at_start(
             pass
 
 
+@pytest.mark.slow  # about a minute: the fork takes its time to make the restarted nsqd writable
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_youzan_ordered_partition_waits_for_a_failing_copy_without_spinning(
