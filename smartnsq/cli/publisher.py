@@ -4,7 +4,6 @@ the resume point kept as the last line up to which nsqd acknowledged everything.
 from __future__ import annotations
 
 import json
-import signal
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from smartnsq import Producer
 from smartnsq.cli.lines import Chunk, input_size, start_reader
 from smartnsq.cli.output import print_json
 from smartnsq.cli.progress import PubProgress
+from smartnsq.cli.status import Verdict
 from smartnsq.cli.tally import Tally
 from smartnsq.cli.words import flag_words
 from smartnsq.errors import NSQError, PartialPublish
@@ -80,6 +80,7 @@ class Publisher:
     """
 
     def __init__(self, producer: Producer, settings: Settings, tally: Tally) -> None:
+        self.verdict = Verdict("pub")
         self.producer = producer
         self.settings = settings
         self.tally = tally
@@ -115,7 +116,8 @@ class Publisher:
         self.started = anyio.current_time()
         with self.progress, receive, send:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch_signals)
+                watch = self.verdict.watch_signals
+                tg.start_soon(watch, self._interrupted, self._interrupted_again)
                 with self.sending:
                     await self._loop(receive)
                 tg.cancel_scope.cancel()
@@ -145,16 +147,14 @@ class Publisher:
         if self.failed_in_a_row >= MAX_FAILED_IN_A_ROW:
             self.tally.gave_up = True
 
-    async def _watch_signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                if not self.tally.interrupted:
-                    # Stop taking input and sending; the batch in flight is still answered.
-                    self.tally.interrupted = True
-                    self.stop_reading.set()
-                    self.waiting.cancel()
-                else:
-                    self.sending.cancel()  # a second Ctrl-C: do not wait for the answer
+    def _interrupted(self) -> None:
+        # Stop taking input and sending; the batch in flight is still answered.
+        self.tally.interrupted = True
+        self.stop_reading.set()
+        self.waiting.cancel()
+
+    def _interrupted_again(self, signum: int) -> None:
+        self.sending.cancel()  # a second Ctrl-C: do not wait for the answer
 
     def _resumed(self, chunk: Chunk) -> int:
         """How many leading lines of ``chunk`` the resume point skips."""
@@ -169,7 +169,9 @@ class Publisher:
     async def _publish_chunk(self, mark: _Mark) -> None:
         chunk = mark.chunk
         groups: dict[Key, list[tuple[int, bytes]]] = {}
-        for i in range(self._resumed(chunk)):
+        resumed = self._resumed(chunk)
+        self.tally.resumed += resumed
+        for i in range(resumed):
             mark.done[i] = 1
         for i, body in enumerate(chunk.lines):
             if mark.done[i]:

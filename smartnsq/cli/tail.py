@@ -17,6 +17,7 @@ from smartnsq.cli.buffers import buffer_options, consumer_buffer_options
 from smartnsq.cli.options import Common, common, common_options
 from smartnsq.cli.output import configure_logging, print_json
 from smartnsq.cli.reach import check_reachable
+from smartnsq.cli.status import Verdict
 from smartnsq.cli.topics import TopicRunner, serving
 from smartnsq.cli.words import pass_through
 from smartnsq.errors import NSQError
@@ -122,7 +123,7 @@ def command(
         )
 
     anyio.run(_tail, printer, options, names, make)
-    return 0
+    return printer.verdict.finish()
 
 
 class _Printer:
@@ -136,6 +137,7 @@ class _Printer:
         self.print_topic = print_topic
         self.show_meta = show_meta
         self.seen = 0
+        self.verdict = Verdict("tail")
         self.runner: TopicRunner | None = None
         self.out = sys.stdout.buffer
 
@@ -171,7 +173,7 @@ async def _tail(
 ) -> None:
     await check_reachable(options, topics[0])
     configure_logging(options)  # after the check, whose failure is reported as one line
-    printer.runner = TopicRunner("tail", options, serving(make))
+    printer.runner = TopicRunner("tail", options, serving(make), verdict=printer.verdict)
     await printer.runner.run(topics)
 
 

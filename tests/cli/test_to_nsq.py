@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import signal
 import time
 
 import pytest
 
-from tests.cli.clihelp import lines_of, one_line_error, run_cli, spawn_cli, wait_exit
-from tests.helpers import channel_stats, create_channel, unique, wait_for
+from tests.cli.clihelp import lines_of, one_line_error, run_cli
+from tests.helpers import channel_stats, create_channel, unique
 
 pytestmark = pytest.mark.integration
 
@@ -30,17 +29,18 @@ def test_to_nsq_replays_a_topic_and_finishes_only_copied_messages(classic_cluste
     bodies = [f"order-{i}" for i in range(200)]
     assert run_cli("pub", "--nsqd", nsqd.tcp, src, input=lines_of(*bodies)).returncode == 0
 
-    # The destination is down: nothing is finished, everything stays in the source.
-    down = spawn_cli(
+    # The destination is down: nothing is finished, everything stays in the source, and
+    # copies failing again and again end the command with status 1 and the reason.
+    down = run_cli(
         "to-nsq", src, "--nsqd", nsqd.tcp, "--channel", "replay", "--to", dst,
         "--to-nsqd", NOWHERE, "--json", "--producer-opt", "timeout=1",
     )  # fmt: skip
-    wait_for(lambda: (channel_stats(nsqd.http, src, "replay") or {}).get("requeue_count", 0) > 0,
-             what="a failed copy requeued")  # fmt: skip
-    down.send_signal(signal.SIGTERM)
-    assert wait_exit(down) == 0
-    summary = json.loads(down.stdout.read())  # type: ignore[union-attr]
+    assert down.returncode == 1, down.stderr
+    err = down.stderr.decode()
+    assert err.endswith("\n") and "failed in a row" in err.splitlines()[-1], err
+    summary = json.loads(down.stdout)
     assert summary["published"] == 0 and summary["failed_attempts"] > 0
+    assert (summary["ok"], summary["status"], summary["exit_status"]) == (False, "failed", 1)
     kept = channel_stats(nsqd.http, src, "replay")
     assert kept is not None and kept["message_count"] == 200
     assert kept["depth"] + kept["deferred_count"] + kept["in_flight_count"] == 200
@@ -56,7 +56,8 @@ def test_to_nsq_replays_a_topic_and_finishes_only_copied_messages(classic_cluste
     assert ok.returncode == 0, ok.stderr
     assert time.monotonic() - started >= 0.45  # 200 at 400/s
     assert json.loads(ok.stdout) == {
-        "from": src, "to": dst, "published": 200, "failed_attempts": 0, "last_error": None
+        "from": src, "to": dst, "published": 200, "failed_attempts": 0, "last_error": None,
+        "ok": True, "status": "ok", "exit_status": 0, "error": None,
     }  # fmt: skip
     done = channel_stats(nsqd.http, src, "replay2")
     assert done is not None and (done["depth"], done["in_flight_count"]) == (0, 0)
