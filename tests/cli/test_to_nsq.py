@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from tests.cli.clihelp import lines_of, one_line_error, run_cli
-from tests.helpers import channel_stats, create_channel, unique
+from tests.cli.clihelp import lines_of, one_line_error, run_cli, spawn_cli, wait_exit
+from tests.helpers import channel_stats, create_channel, topic_stats, unique, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -74,3 +74,93 @@ def test_to_nsq_replays_a_topic_and_finishes_only_copied_messages(classic_cluste
 )
 def test_to_nsq_bad_input_is_one_line(args, needles):
     one_line_error(run_cli("to-nsq", *args), *needles)
+
+
+def _copied(nsqd_http: str, topic: str) -> int:
+    return int((topic_stats(nsqd_http, topic) or {}).get("message_count", 0))
+
+
+def test_rate_limited_copies_never_time_out_nor_give_up_uncopied_messages(cluster_factory):
+    # nsqd takes a message back after 1 s unanswered: a copy waiting for its --rate slot
+    # must keep it (TOUCH, and few held at once), not let it be redelivered and given up.
+    cluster = cluster_factory(nsqd=1, nsqd_args=["--msg-timeout=1s"])
+    nsqd = cluster.nsqd[0]
+    src, dst = unique("cli_slow_src"), unique("cli_slow_dst")
+    create_channel(nsqd.http, src, "copy")
+    create_channel(nsqd.http, dst, "c")
+    bodies = [f"m{i:03d}" for i in range(40)]
+    assert run_cli("pub", "--nsqd", nsqd.tcp, src, input=lines_of(*bodies)).returncode == 0
+    result = run_cli(
+        "to-nsq", src, "--nsqd", nsqd.tcp, "--channel", "copy", "--to", dst,
+        "--rate", "5", "--limit", "40", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["published"] == 40
+    source = channel_stats(nsqd.http, src, "copy")
+    assert source is not None
+    assert (source["depth"], source["in_flight_count"], source["timeout_count"]) == (0, 0, 0)
+    assert sorted(_bodies(nsqd.tcp, dst, 40)) == bodies  # each once: none lost, none twice
+    assert _copied(nsqd.http, dst) == 40
+
+
+def test_idle_time_builds_no_burst(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    src, dst = unique("cli_idle_src"), unique("cli_idle_dst")
+    create_channel(nsqd.http, src, "copy")
+    proc = spawn_cli(
+        "to-nsq", src, "--nsqd", nsqd.tcp, "--channel", "copy", "--to", dst, "--rate", "5",
+        "--limit", "10",
+    )  # fmt: skip
+    wait_for(lambda: (channel_stats(nsqd.http, src, "copy") or {}).get("clients"), what="reader")
+    time.sleep(2.5)  # the scenario itself: idle at --rate 5 for 2.5 s (12 slots unused)
+    started = time.monotonic()
+    assert run_cli("pub", "--nsqd", nsqd.tcp, src, input=lines_of(*"abcdefghij")).returncode == 0
+    early = []
+    while _copied(nsqd.http, dst) < 10:
+        assert time.monotonic() - started < 15, "not copied"
+        early.append((time.monotonic() - started, _copied(nsqd.http, dst)))
+        time.sleep(0.05)
+    assert wait_exit(proc) == 0, proc.stderr.read()  # type: ignore[union-attr]
+    # 10 copies at 5/s take at least 9 gaps of 0.2 s, however long it was idle before.
+    assert time.monotonic() - started >= 1.7
+    assert all(n <= 2 + 5 * t for t, n in early), early
+
+
+def test_limit_not_reached_ends_after_the_idle_timeout_with_status_1(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    src, dst = unique("cli_few_src"), unique("cli_few_dst")
+    create_channel(nsqd.http, src, "copy")
+    assert run_cli("pub", "--nsqd", nsqd.tcp, src, input=lines_of("a", "b", "c")).returncode == 0
+    result = run_cli(
+        "to-nsq", src, "--nsqd", nsqd.tcp, "--channel", "copy", "--to", dst, "--limit", "5",
+        "--idle-timeout", "1s", "--json", timeout=20,
+    )  # fmt: skip
+    err = one_line_error(result, "copied 3 of --limit 5", "1s")
+    assert "smartnsq to-nsq: error:" in err
+    summary = json.loads(result.stdout)
+    assert summary["published"] == 3
+    assert (summary["ok"], summary["status"], summary["exit_status"]) == (False, "failed", 1)
+    assert _copied(nsqd.http, dst) == 3
+
+
+def test_a_destination_topic_missing_behind_lookupd_is_created_on_classic(classic_cluster):
+    # Needs a Producer that, through lookupd, publishes a topic no nsqd has yet to one of
+    # lookupd's nodes (classic nsqd creates it).
+    nsqd = classic_cluster.nsqd[0]
+    lookupd = classic_cluster.lookupd[0]
+    src, dst = unique("cli_new_src"), unique("cli_new_dst")
+    create_channel(nsqd.http, src, "copy")
+    bodies = [f"n{i}" for i in range(5)]
+    assert run_cli("pub", "--nsqd", nsqd.tcp, src, input=lines_of(*bodies)).returncode == 0
+    result = run_cli(
+        "to-nsq", src, "--nsqd", nsqd.tcp, "--channel", "copy", "--to", dst,
+        "--to-lookupd", lookupd.http, "--limit", "5", "--json", timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["published"] == 5
+    assert sorted(_bodies(nsqd.tcp, dst, 5)) == bodies
+
+
+def test_max_attempts_without_a_dead_letter_topic_is_refused():
+    args = ["t", "--nsqd", NOWHERE, "--to", "x", "--consumer-opt", "max_attempts=3"]
+    one_line_error(run_cli("to-nsq", *args), "max_attempts", "dead_letter_topic")
