@@ -168,8 +168,13 @@ async def _publish(
         settings.use_keys = await _nsqd_has_partitions(options)
     publisher = Publisher(producer, settings, Tally())
     out.append(publisher)
-    async with producer:
+    await producer.__aenter__()
+    try:
         await publisher.run()
+    finally:
+        # Interrupted: what is unanswered is already counted as unknown; closing does not
+        # wait for it (a stalled nsqd would hold the exit for seconds).
+        await producer.close(0 if publisher.tally.interrupted else 5.0)
 
 
 async def _nsqd_has_partitions(options: Common) -> bool:
@@ -275,4 +280,6 @@ def _summary(publisher: Publisher, resume: str | None) -> str:
             text += f"; acknowledged up to {tally.position}: go on with --resume-from {resume}"
             if tally.beyond:
                 text += f" ({tally.beyond} later lines were acknowledged and go out again)"
+        if tally.unconfirmed:
+            text += f" (the {tally.unconfirmed} without an answer go out again: maybe twice)"
     return text

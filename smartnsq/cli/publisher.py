@@ -21,7 +21,7 @@ from smartnsq.cli.progress import PubProgress
 from smartnsq.cli.status import Verdict
 from smartnsq.cli.tally import Tally
 from smartnsq.cli.words import flag_words
-from smartnsq.errors import NSQError, PartialPublish
+from smartnsq.errors import NSQError, NSQTimeout, PartialPublish
 
 __all__ = ["MAX_FAILED_IN_A_ROW", "Publisher", "Settings", "ranges"]
 
@@ -231,6 +231,9 @@ class Publisher:
         except PartialPublish as exc:
             acked = exc.published
             self._failed(source, [first + i for i, _ in lines[acked:]], str(exc))
+        except NSQTimeout as exc:
+            # Sent, no answer in time: nsqd may have stored them (unknown, not failed).
+            self._failed(source, [first + i for i, _ in lines], str(exc), unknown=True)
         except NSQError as exc:
             self._failed(source, [first + i for i, _ in lines], str(exc))
         except anyio.get_cancelled_exc_class():
@@ -282,12 +285,23 @@ class Publisher:
         if prefix:
             self.tally.position = f"{chunk.source}:{chunk.first + prefix - 1}"
 
-    def _failed(self, source: str, numbers: list[int], error: str, cluster: bool = True) -> None:
-        """Count lines not published; ``cluster``: the cluster refused them (not the input)."""
+    def _failed(
+        self,
+        source: str,
+        numbers: list[int],
+        error: str,
+        cluster: bool = True,
+        unknown: bool = False,
+    ) -> None:
+        """Count lines not published; ``cluster``: the cluster refused them (not the input);
+        ``unknown``: sent without an answer, they may have been published."""
         if not numbers:
             return
         error = flag_words(error)
-        self.tally.failed += len(numbers)
+        if unknown:
+            self.tally.unconfirmed += len(numbers)
+        else:
+            self.tally.failed += len(numbers)
         self.failed_in_a_row += cluster
         self.failures.append(Failure(source, numbers, error))
         if self.settings.json:
