@@ -13,6 +13,7 @@ import anyio
 import click
 
 from smartnsq import Consumer, Message, Producer, serve
+from smartnsq.cli.keyorder import KeyOrder
 from smartnsq.cli.options import Common, common, common_options, split_addresses
 from smartnsq.cli.output import configure_logging, print_json
 from smartnsq.cli.progress import PubProgress
@@ -215,6 +216,7 @@ class _Copier:
         self.progress: PubProgress | None = None
         self.last_error = ""
         self.source = ""
+        self.order = KeyOrder()  # copies of one key (or partition) one after another
 
     async def run(self, consumer: Consumer, source: str) -> None:
         self.source = source
@@ -266,9 +268,37 @@ class _Copier:
         return self.runner is not None and self.runner.stopping.is_set()
 
     async def _handle(self, message: Message) -> None:
+        # The place in its key's line is taken before anything waits: in delivery order.
+        route = self._route(message)
+        if route is None:
+            await self._copy(message)
+            return
+        turn = self.order.enter(route)
+        try:
+            if not await turn.wait_for_previous():
+                # The copy before it in its key's line failed: not copied ahead of it.
+                turn.failed = True
+                message.requeue()
+                return
+            turn.failed = not await self._copy(message)
+        finally:
+            self.order.leave(route, turn)
+
+    def _route(self, message: Message) -> Any:
+        """What the copies' order is kept by: the sharding key or the partition (None: no
+        order to keep)."""
+        if self.key_header is not None:
+            key = (_headers(message) or {}).get(self.key_header)
+            return ("key", key) if isinstance(key, str | int) else None
+        if self.same_partition and message.partition is not None:
+            return ("partition", message.partition)
+        return None
+
+    async def _copy(self, message: Message) -> bool:
+        """Copy one message (or give it back); True once the destination acknowledged it."""
         if self._stopping() or (self.limit is not None and self.taken >= self.limit):
             message.requeue(0, backoff=False)  # beyond --limit or stopping: back, untouched
-            return
+            return False
         self.taken += 1
         if self.rate is not None:
             # A slot 1/rate after the previous one, never earlier than now: idle time builds
@@ -282,7 +312,7 @@ class _Copier:
             if self._stopping():
                 self.taken -= 1
                 message.requeue(0, backoff=False)
-                return
+                return False
         try:
             await self._publish(message)
         except NSQError as exc:
@@ -301,13 +331,14 @@ class _Copier:
                 )
             elif self.tally.failed == 1 or self.options.verbose:
                 log.warning("%s: copy failed, message requeued: %s", self.target, exc)
-            return
+            return False
         self.failed_in_a_row = 0
         self.tally.published += 1
         if self.progress is not None:
             self.progress.update(self.tally, 0)
         if self.limit is not None and self.tally.published >= self.limit and self.runner:
             self.runner.stop()
+        return True
 
     async def _publish(self, message: Message) -> None:
         kwargs: dict[str, Any] = {}
