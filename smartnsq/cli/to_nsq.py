@@ -225,7 +225,13 @@ class _Copier:
         self.last_seen = anyio.current_time()
 
         async def copy(topic: str) -> None:
-            await serve(consumer, self.producer, signals=())
+            await self.producer.__aenter__()
+            try:
+                await serve(consumer, signals=())
+            finally:
+                # Every handler has returned: an answer still awaited belongs to a copy
+                # that was given up (its message requeued), so closing does not wait for it.
+                await self.producer.close(0)
 
         self.runner = TopicRunner("to-nsq", self.options, copy, verdict=self.verdict)
         async with anyio.create_task_group() as tg:

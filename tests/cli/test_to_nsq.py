@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 
 import pytest
@@ -164,3 +166,46 @@ def test_a_destination_topic_missing_behind_lookupd_is_created_on_classic(classi
 def test_max_attempts_without_a_dead_letter_topic_is_refused():
     args = ["t", "--nsqd", NOWHERE, "--to", "x", "--consumer-opt", "max_attempts=3"]
     one_line_error(run_cli("to-nsq", *args), "max_attempts", "dead_letter_topic")
+
+
+@pytest.mark.parametrize("second", [False, True], ids=["one Ctrl-C", "two Ctrl-C"])
+def test_ctrl_c_with_the_destination_stopped_is_bounded(cluster_factory, second):
+    # A short message timeout on the source: what a hurried stop left unanswered comes back soon.
+    source = cluster_factory(nsqd=1, nsqd_args=["--msg-timeout=3s"])
+    destination = cluster_factory(nsqd=1)
+    src, dst = source.nsqd[0], destination.nsqd[0]
+    topic = unique("cli_stop")
+    create_channel(src.http, topic, "copy")
+    total = 3000
+    bodies = [f"s{i}" for i in range(total)]
+    assert run_cli("pub", "--nsqd", src.tcp, topic, input=lines_of(*bodies)).returncode == 0
+    proc = spawn_cli(
+        "to-nsq", topic, "--nsqd", src.tcp, "--channel", "copy", "--to-nsqd", dst.tcp,
+        "--rate", "200", "--producer-opt", "timeout=2",
+    )  # fmt: skip
+    wait_for(lambda: _copied(dst.http, topic) >= 100, what="100 copied")
+    os.kill(dst.pid, signal.SIGSTOP)  # the destination stops answering
+    try:
+        time.sleep(0.5)  # the scenario: copies sent to the silent nsqd wait for answers
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        if second:
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGINT)
+            started = time.monotonic()
+        status = wait_exit(proc, timeout=20)
+        took = time.monotonic() - started
+    finally:
+        os.kill(dst.pid, signal.SIGCONT)
+    assert took < (1.0 if second else 2.0 + 1.0), took
+    assert status in (1, 130), proc.stderr.read()  # type: ignore[union-attr]
+
+    # Nothing lost: what is not in the destination is back in the source.
+    def left() -> int | None:
+        c = channel_stats(src.http, topic, "copy")
+        if c is None or c["in_flight_count"]:
+            return None
+        return int(c["depth"] + c["deferred_count"])
+
+    remaining = wait_for(lambda: left() is not None and (left(),), timeout=20, what="settled")
+    assert remaining[0] + _copied(dst.http, topic) >= total
