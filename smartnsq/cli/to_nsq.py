@@ -225,20 +225,22 @@ class _Copier:
         self.last_seen = anyio.current_time()
 
         async def copy(topic: str) -> None:
-            await self.producer.__aenter__()
-            try:
-                await serve(consumer, signals=())
-            finally:
-                # Every handler has returned: an answer still awaited belongs to a copy
-                # that was given up (its message requeued), so closing does not wait for it.
-                await self.producer.close(0)
+            await serve(consumer, signals=())
 
         self.runner = TopicRunner("to-nsq", self.options, copy, verdict=self.verdict)
         async with anyio.create_task_group() as tg:
             if self.idle is not None:
                 tg.start_soon(self._watch_idle, self.runner, self.idle)
-            with PubProgress(None) as self.progress:
-                await self.runner.run([source])
+            # Entered out here, outside the runner's cancel scope, so that a stop does not
+            # cancel the producer's connections under the handlers still finishing.
+            await self.producer.__aenter__()
+            try:
+                with PubProgress(None) as self.progress:
+                    await self.runner.run([source])
+            finally:
+                # Every handler has returned: an answer still awaited belongs to a copy
+                # that was given up (its message requeued), so closing does not wait for it.
+                await self.producer.close(0)
             tg.cancel_scope.cancel()
 
     async def _watch_idle(self, runner: TopicRunner, idle: float) -> None:
