@@ -250,9 +250,11 @@ class _Copier:
                 break
             await anyio.sleep(max(0.05, idle - quiet) if self.busy == 0 else idle)
         if self.limit is not None and self.tally.published < self.limit:
+            why = f"none came for {idle:g}s"
+            if self.failed_in_a_row:
+                why += f" (the last copy failed: {self.last_error})"
             self.verdict.fail(
-                f"copied {self.tally.published} of --limit {self.limit} messages: none came "
-                f"for {idle:g}s"
+                f"copied {self.tally.published} of --limit {self.limit} messages: {why}"
             )
         runner.stop()
 
