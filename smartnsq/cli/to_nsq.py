@@ -164,8 +164,7 @@ def command(
     producer = Producer(
         **where, tls=client["tls"], auth_secret=client["auth_secret"], **producer_extra
     )
-    copier = _Copier(producer, target, options, rate, limit, key_header, same_partition)
-    copier.idle = idle
+    copier = _Copier(producer, target, options, rate, limit, key_header, same_partition, idle)
     consumer = Consumer(
         source,
         channel,
@@ -195,6 +194,7 @@ class _Copier:
         limit: int | None,
         key_header: str | None,
         same_partition: bool,
+        idle: float | None,
     ) -> None:
         self.producer = producer
         self.target = target
@@ -203,7 +203,7 @@ class _Copier:
         self.limit = limit
         self.key_header = key_header
         self.same_partition = same_partition
-        self.idle: float | None = None
+        self.idle = idle  # stop once no message came for this long
         self.verdict = Verdict("to-nsq")
         self.tally = Tally()
         self.taken = 0  # messages given a publish slot (for --limit)
