@@ -21,7 +21,7 @@ from smartnsq.cli.progress import PubProgress
 from smartnsq.cli.status import Verdict
 from smartnsq.cli.tally import Tally
 from smartnsq.cli.words import flag_words
-from smartnsq.errors import NSQError, NSQTimeout, PartialPublish
+from smartnsq.errors import ConnectFailed, ConnectionClosed, NSQError, NSQTimeout, PartialPublish
 
 __all__ = ["MAX_FAILED_IN_A_ROW", "Publisher", "Settings", "ranges"]
 
@@ -231,11 +231,9 @@ class Publisher:
         except PartialPublish as exc:
             acked = exc.published
             self._failed(source, [first + i for i, _ in lines[acked:]], str(exc))
-        except NSQTimeout as exc:
-            # Sent, no answer in time: nsqd may have stored them (unknown, not failed).
-            self._failed(source, [first + i for i, _ in lines], str(exc), unknown=True)
         except NSQError as exc:
-            self._failed(source, [first + i for i, _ in lines], str(exc))
+            unknown = _outcome_unknown(exc)
+            self._failed(source, [first + i for i, _ in lines], str(exc), unknown=unknown)
         except anyio.get_cancelled_exc_class():
             self.tally.unconfirmed += len(lines)
             raise
@@ -306,6 +304,14 @@ class Publisher:
         self.failures.append(Failure(source, numbers, error))
         if self.settings.json:
             print_json({"source": source, "lines": ranges(numbers), "error": error})
+
+
+def _outcome_unknown(exc: NSQError) -> bool:
+    """Sent, but no answer came (in time, or before the connection ended): nsqd may have
+    stored the messages. A connection that could not be opened sent nothing."""
+    if isinstance(exc, NSQTimeout):
+        return True
+    return isinstance(exc, ConnectionClosed) and not isinstance(exc, ConnectFailed)
 
 
 def ranges(numbers: Sequence[int]) -> str:
