@@ -79,10 +79,14 @@ class Producer(AsyncPublisher[_Node]):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 5.0) -> None:
         """Wait for outstanding answers (briefly), then close every connection.
 
         ``async with`` calls it on exit; calling it again does nothing.
+
+        Args:
+            timeout: Seconds each connection waits for its outstanding answers, default
+                5.0; 0 closes at once (a publish still waiting then raises).
         """
         if self._closed:
             return
@@ -91,7 +95,7 @@ class Producer(AsyncPublisher[_Node]):
         with anyio.CancelScope(shield=True):
             for node in self._by_address.values():
                 for conn in list(node.connections):
-                    await conn.close()
+                    await conn.close(timeout)
             if self._lookup is not None:
                 await self._lookup.__aexit__(None, None, None)
         if self._tg is not None:

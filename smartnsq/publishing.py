@@ -142,7 +142,11 @@ class ProducerCore(PublishPlanner, Generic[N]):
                 positionally.
             lookupd_http_addresses: nsqlookupd HTTP addresses (``host:port`` or an ``http(s)://``
                 URL). With them, each topic's nsqd (on Youzan, its partitions and their leaders)
-                come from the lookupds; the topic must exist. At least one of
+                come from the lookupds. A topic no lookupd knows yet goes, on a classic
+                cluster, to one of the nsqd the lookupds know (nsqd creates a topic on its
+                first PUB), with the usual failover; on the Youzan fork, where topics are
+                created by an operator, it raises
+                [`TopicNotFound`][smartnsq.errors.TopicNotFound] at once. At least one of
                 ``nsqd_tcp_addresses`` and ``lookupd_http_addresses`` is required.
             lookupd_poll_interval: How long a topic's lookup answer is reused before the lookupds
                 are asked again (with some jitter), in seconds, default 60.0. Cluster errors

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from smartnsq.notice import heard
-from tests.helpers import unique
+from tests.helpers import create_channel, unique
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -154,3 +154,46 @@ def test_heard_follows_the_handlers_a_record_would_reach() -> None:
         parent.handlers.clear()
         parent.propagate = True
         child.setLevel(logging.NOTSET)
+
+
+DEAD_LETTER_REFUSED = """
+import sys
+import anyio
+from smartnsq import Consumer, Producer
+
+nsqd, lookupd, topic, dead = sys.argv[1:5]
+
+async def main():
+    gave_up = []
+
+    async def handle(m):
+        raise ValueError("poison")
+
+    async with Producer([nsqd]) as p:
+        await p.publish_many(topic, [b"x" * 200, b"y" * 200])
+    async with Consumer(topic, "c", handle, lookupd_http_addresses=[lookupd], max_in_flight=2,
+                        max_attempts=1, requeue_delay=0, backoff=False, dead_letter_topic=dead,
+                        on_giving_up=lambda m, reason: gave_up.append(reason)):
+        with anyio.fail_after(30):
+            while len(gave_up) < 2:
+                await anyio.sleep(0.05)
+    print("gave up", len(gave_up), type(gave_up[0]).__name__)
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.integration
+def test_a_refused_dead_letter_copy_is_shown_once_without_logging(cluster_factory: Any) -> None:
+    cluster = cluster_factory("classic", nsqd=1)
+    source = cluster.nsqd[0]
+    sink = cluster.add_nsqd(["--max-msg-size=100"])  # refuses the copies: E_BAD_MESSAGE
+    topic, dead = unique("notice_d"), unique("notice_dead")
+    for nsqd, name in ((source, topic), (sink, dead)):
+        create_channel(nsqd.http, name, "c")
+    done = run(DEAD_LETTER_REFUSED, source.tcp, cluster.lookupd[0].http, topic, dead)
+    assert done.returncode == 0, done.stderr
+    assert "gave up 2 BadMessage" in done.stdout
+    # one notice for the failing handler, one for the two refused copies
+    assert done.stderr.count("UnloggedWarning") == 2, done.stderr
+    assert done.stderr.count(f"dead-letter topic {dead} refused") == 1, done.stderr

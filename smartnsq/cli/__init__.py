@@ -20,10 +20,11 @@ def _exit_quietly(signum: int, frame: FrameType | None) -> None:
     # own signal receiver, which stops it gracefully): nothing has been sent yet, so leave at
     # once with Ctrl-C's status. Not an exception: one raised at an arbitrary point of an
     # import or of the event loop's start could be caught there and leave the command running.
-    os._exit(130)
+    os._exit(128 + signum)  # 130 after SIGINT, 143 after SIGTERM (see cli.status)
 
 
 signal.signal(signal.SIGINT, _exit_quietly)
+signal.signal(signal.SIGTERM, _exit_quietly)
 
 _EXTRA_HINT = "smartnsq: the command line needs extra packages: pip install 'smartnsq[cli]'"
 

@@ -13,14 +13,11 @@ import click
 from smartnsq import __version__
 from smartnsq.cli import pub, stat, tail, to_file, to_http, to_nsq
 from smartnsq.cli.goflags import go_flags, normalize
+from smartnsq.cli.status import EXIT_FAILED, EXIT_SIGINT, EXIT_USAGE
 from smartnsq.cli.words import flag_words
 from smartnsq.errors import NSQError
 
 __all__ = ["cli", "run"]
-
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -71,20 +68,20 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"{name}: error: {_one_line(exc.format_message())}", file=sys.stderr)
         return exc.exit_code
     except click.exceptions.Abort:
-        return EXIT_INTERRUPTED
+        return EXIT_SIGINT
     except BrokenPipeError:
         return _broken_pipe()
     except (KeyboardInterrupt, NSQError, OSError, BaseExceptionGroup) as exc:
         leaf = _leaf(exc)
         if isinstance(leaf, KeyboardInterrupt):
-            return EXIT_INTERRUPTED
+            return EXIT_SIGINT
         if isinstance(leaf, BrokenPipeError):
             return _broken_pipe()
         if not isinstance(leaf, NSQError | OSError | click.ClickException):
             raise
         message = leaf.format_message() if isinstance(leaf, click.ClickException) else leaf
         print(f"{name}: error: {_one_line(flag_words(str(message)))}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_FAILED
     return result if isinstance(result, int) else 0
 
 

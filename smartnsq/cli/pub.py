@@ -15,15 +15,13 @@ from smartnsq.cli.lines import STDIN
 from smartnsq.cli.options import CliError, Common, common, common_options
 from smartnsq.cli.output import configure_logging, print_json
 from smartnsq.cli.publisher import MAX_FAILED_IN_A_ROW, Publisher, Settings, ranges
+from smartnsq.cli.status import Verdict
 from smartnsq.cli.tally import Tally
 from smartnsq.cli.words import parse_duration, pass_through
 from smartnsq.errors import NSQError
 from smartnsq.protocol.names import validate_topic
 
 __all__ = ["command"]
-
-EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
 
 # Producer keywords the command's own flags set: refused by --producer-opt.
 _RESERVED = {
@@ -170,8 +168,13 @@ async def _publish(
         settings.use_keys = await _nsqd_has_partitions(options)
     publisher = Publisher(producer, settings, Tally())
     out.append(publisher)
-    async with producer:
+    await producer.__aenter__()
+    try:
         await publisher.run()
+    finally:
+        # Interrupted: what is unanswered is already counted as unknown; closing does not
+        # wait for it (a stalled nsqd would hold the exit for seconds).
+        await producer.close(0 if publisher.tally.interrupted else 5.0)
 
 
 async def _nsqd_has_partitions(options: Common) -> bool:
@@ -200,6 +203,7 @@ async def _nsqd_has_partitions(options: Common) -> bool:
 def _report(publisher: Publisher, options: Common) -> int:
     tally, settings = publisher.tally, publisher.settings
     resume = _resume_hint(publisher)
+    verdict = _verdict(publisher)
     if options.json:
         print_json(
             {
@@ -213,13 +217,32 @@ def _report(publisher: Publisher, options: Common) -> int:
                 "position": tally.position or None,
                 "published_after_position": tally.beyond,
                 "resume_from": resume,
+                # The same three counts in plain words: acknowledged by nsqd; sent without an
+                # answer (may have been stored); read but never sent.
+                "acknowledged": tally.published,
+                "unknown": tally.unconfirmed,
+                "unsent": _unsent(tally),
+                **verdict.fields(),
             }
         )
     elif tally.interrupted or tally.failed or tally.gave_up or sys.stderr.isatty():
         print(_summary(publisher, resume), file=sys.stderr)
+    return verdict.status
+
+
+def _verdict(publisher: Publisher) -> Verdict:
+    """Failed lines, unanswered ones or giving up make it 1 (the summary says why); a signal
+    alone makes it 130 or 143."""
+    tally, verdict = publisher.tally, publisher.verdict
     if tally.failed or tally.unconfirmed or tally.gave_up:
-        return EXIT_FAILED
-    return EXIT_INTERRUPTED if tally.interrupted else 0
+        verdict.fail("not every line was published")
+    return verdict
+
+
+def _unsent(tally: Tally) -> int:
+    """Lines read from the input but never sent (a stop cut them off)."""
+    sent = tally.published + tally.failed + tally.unconfirmed + tally.skipped + tally.resumed
+    return max(0, tally.read - sent)
 
 
 def _resume_hint(publisher: Publisher) -> str | None:
@@ -244,6 +267,8 @@ def _summary(publisher: Publisher, resume: str | None) -> str:
         )
     if tally.unconfirmed:
         text += f", {tally.unconfirmed} sent without an answer (may or may not be published)"
+    if _unsent(tally):
+        text += f", {_unsent(tally)} read but not sent"
     if tally.skipped:
         text += f", skipped {tally.skipped} empty lines"
     if tally.gave_up:
@@ -255,4 +280,6 @@ def _summary(publisher: Publisher, resume: str | None) -> str:
             text += f"; acknowledged up to {tally.position}: go on with --resume-from {resume}"
             if tally.beyond:
                 text += f" ({tally.beyond} later lines were acknowledged and go out again)"
+        if tally.unconfirmed:
+            text += f" (the {tally.unconfirmed} without an answer go out again: maybe twice)"
     return text

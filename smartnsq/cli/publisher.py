@@ -4,7 +4,6 @@ the resume point kept as the last line up to which nsqd acknowledged everything.
 from __future__ import annotations
 
 import json
-import signal
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,9 +18,10 @@ from smartnsq import Producer
 from smartnsq.cli.lines import Chunk, input_size, start_reader
 from smartnsq.cli.output import print_json
 from smartnsq.cli.progress import PubProgress
+from smartnsq.cli.status import Verdict
 from smartnsq.cli.tally import Tally
 from smartnsq.cli.words import flag_words
-from smartnsq.errors import NSQError, PartialPublish
+from smartnsq.errors import ConnectFailed, ConnectionClosed, NSQError, NSQTimeout, PartialPublish
 
 __all__ = ["MAX_FAILED_IN_A_ROW", "Publisher", "Settings", "ranges"]
 
@@ -80,6 +80,7 @@ class Publisher:
     """
 
     def __init__(self, producer: Producer, settings: Settings, tally: Tally) -> None:
+        self.verdict = Verdict("pub")
         self.producer = producer
         self.settings = settings
         self.tally = tally
@@ -115,7 +116,8 @@ class Publisher:
         self.started = anyio.current_time()
         with self.progress, receive, send:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch_signals)
+                watch = self.verdict.watch_signals
+                tg.start_soon(watch, self._interrupted, self._interrupted_again)
                 with self.sending:
                     await self._loop(receive)
                 tg.cancel_scope.cancel()
@@ -145,16 +147,14 @@ class Publisher:
         if self.failed_in_a_row >= MAX_FAILED_IN_A_ROW:
             self.tally.gave_up = True
 
-    async def _watch_signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                if not self.tally.interrupted:
-                    # Stop taking input and sending; the batch in flight is still answered.
-                    self.tally.interrupted = True
-                    self.stop_reading.set()
-                    self.waiting.cancel()
-                else:
-                    self.sending.cancel()  # a second Ctrl-C: do not wait for the answer
+    def _interrupted(self) -> None:
+        # Stop taking input and sending; the batch in flight is still answered.
+        self.tally.interrupted = True
+        self.stop_reading.set()
+        self.waiting.cancel()
+
+    def _interrupted_again(self, signum: int) -> None:
+        self.sending.cancel()  # a second Ctrl-C: do not wait for the answer
 
     def _resumed(self, chunk: Chunk) -> int:
         """How many leading lines of ``chunk`` the resume point skips."""
@@ -169,7 +169,9 @@ class Publisher:
     async def _publish_chunk(self, mark: _Mark) -> None:
         chunk = mark.chunk
         groups: dict[Key, list[tuple[int, bytes]]] = {}
-        for i in range(self._resumed(chunk)):
+        resumed = self._resumed(chunk)
+        self.tally.resumed += resumed
+        for i in range(resumed):
             mark.done[i] = 1
         for i, body in enumerate(chunk.lines):
             if mark.done[i]:
@@ -230,7 +232,8 @@ class Publisher:
             acked = exc.published
             self._failed(source, [first + i for i, _ in lines[acked:]], str(exc))
         except NSQError as exc:
-            self._failed(source, [first + i for i, _ in lines], str(exc))
+            unknown = _outcome_unknown(exc)
+            self._failed(source, [first + i for i, _ in lines], str(exc), unknown=unknown)
         except anyio.get_cancelled_exc_class():
             self.tally.unconfirmed += len(lines)
             raise
@@ -280,16 +283,35 @@ class Publisher:
         if prefix:
             self.tally.position = f"{chunk.source}:{chunk.first + prefix - 1}"
 
-    def _failed(self, source: str, numbers: list[int], error: str, cluster: bool = True) -> None:
-        """Count lines not published; ``cluster``: the cluster refused them (not the input)."""
+    def _failed(
+        self,
+        source: str,
+        numbers: list[int],
+        error: str,
+        cluster: bool = True,
+        unknown: bool = False,
+    ) -> None:
+        """Count lines not published; ``cluster``: the cluster refused them (not the input);
+        ``unknown``: sent without an answer, they may have been published."""
         if not numbers:
             return
         error = flag_words(error)
-        self.tally.failed += len(numbers)
+        if unknown:
+            self.tally.unconfirmed += len(numbers)
+        else:
+            self.tally.failed += len(numbers)
         self.failed_in_a_row += cluster
         self.failures.append(Failure(source, numbers, error))
         if self.settings.json:
             print_json({"source": source, "lines": ranges(numbers), "error": error})
+
+
+def _outcome_unknown(exc: NSQError) -> bool:
+    """Sent, but no answer came (in time, or before the connection ended): nsqd may have
+    stored the messages. A connection that could not be opened sent nothing."""
+    if isinstance(exc, NSQTimeout):
+        return True
+    return isinstance(exc, ConnectionClosed) and not isinstance(exc, ConnectFailed)
 
 
 def ranges(numbers: Sequence[int]) -> str:

@@ -8,16 +8,18 @@ of a group, not of each message.
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import gzip
+import io
 import os
 import shutil
 import socket
+import struct
 import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -93,34 +95,108 @@ def render_name(
     return time.strftime(name, local)
 
 
+# A final, empty fixed-Huffman block: after a sync point it ends the deflate stream.
+_FINAL_EMPTY_BLOCK = b"\x03\x00"
+
+
+@dataclass
+class Mark:
+    """A point of a file where it could end as a whole file: after a line (and, for gzip,
+    after a sync point, with the checksum and size of what it holds)."""
+
+    offset: int = 0
+    crc: int = 0
+    size: int = 0
+
+
 @dataclass
 class OutFile:
-    """One output file: raw file object, optional gzip layer, what has been written."""
+    """One output file, written by hand so that a failed write leaves nothing unknown: lines
+    are buffered here (compressed, for gzip), handed to the OS at :meth:`flush`, and a file
+    can always be cut back to its last synced line (:meth:`cut`), a valid gzip included."""
 
     path: str
     key: str  # the name with rev 0: when it changes (a new hour), rotate
-    raw: BinaryIO
-    gz: gzip.GzipFile | None
+    raw: io.FileIO
+    gz: Any  # a zlib compressor (raw deflate), or None
     opened: float
     size: int = 0  # bytes written before compression
     lines: int = 0
+    crc: int = 0  # CRC-32 of what was written (gzip)
+    written: int = 0  # bytes handed to the OS
+    pending: bytearray = field(default_factory=bytearray)
+    flushed: Mark = field(default_factory=Mark)  # at the last flush
+    synced: Mark | None = None  # at the last fsync; None: nothing synced yet
+    finished: bool = False
 
     def write(self, data: bytes) -> None:
-        (self.gz or self.raw).write(data)
+        if self.gz is not None:
+            self.crc = zlib.crc32(data, self.crc)
+            self.pending += self.gz.compress(data)
+        else:
+            self.pending += data
         self.size += len(data)
         self.lines += 1
 
     def flush(self) -> None:
-        """Push buffered bytes to the OS (a gzip sync point: readable before it is closed)."""
+        """Hand buffered bytes to the OS (a gzip sync point: readable before it is closed)."""
         if self.gz is not None:
-            self.gz.flush(zlib.Z_SYNC_FLUSH)
-        self.raw.flush()
+            self.pending += self.gz.flush(zlib.Z_SYNC_FLUSH)
+        self._write_pending()
+        self.flushed = Mark(self.written, self.crc, self.size)
 
     def finish(self) -> None:
-        """Write the gzip trailer; the file is then flushed, synced and closed by the caller."""
+        """End the file (the gzip trailer); it is then synced and closed by the caller."""
         if self.gz is not None:
-            self.gz.close()  # leaves ``raw`` open: it was passed as fileobj
-        self.raw.flush()
+            self.pending += self.gz.flush(zlib.Z_FINISH) + _trailer(self.crc, self.size)
+        self._write_pending()
+        self.flushed = Mark(self.written, self.crc, self.size)
+        self.finished = True
+
+    def cut(self) -> bool:
+        """After a failed write or a hurried stop: cut the file back to its last synced line
+        and end it there (a valid gzip). False: nothing was synced, the file is removed."""
+        self.pending.clear()
+        if self.finished and self.synced is not None and self.synced.offset == self.written:
+            self.raw.close()  # whole and synced, trailer included
+            return True
+        if self.synced is None:
+            self.raw.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            return False
+        mark = self.synced
+        fd = self.raw.fileno()
+        os.ftruncate(fd, mark.offset)
+        if self.gz is not None:
+            tail = _FINAL_EMPTY_BLOCK + _trailer(mark.crc, mark.size)
+            os.pwrite(fd, tail, mark.offset)
+        os.fsync(fd)
+        self.raw.close()
+        self.finished = True
+        return True
+
+    def _write_pending(self) -> None:
+        view = memoryview(self.pending)
+        done = 0
+        try:
+            while done < len(view):
+                n = self.raw.write(view[done:])
+                done += n or 0
+        finally:
+            view.release()
+            self.written += done
+            del self.pending[:done]
+
+
+def gzip_header(level: int, mtime: float) -> bytes:
+    """A gzip member's header as Python's gzip module writes it (no file name)."""
+    xfl = 2 if level == 9 else 4 if level == 1 else 0  # best / fastest compression
+    return b"\x1f\x8b\x08\x00" + struct.pack("<LBB", int(mtime), xfl, 255)
+
+
+def _trailer(crc: int, size: int) -> bytes:
+    return struct.pack("<II", crc & 0xFFFFFFFF, size & 0xFFFFFFFF)
 
 
 @dataclass
@@ -168,6 +244,8 @@ class Sink:
         self.closing: list[OutFile] = []  # rotated out; closed after their lines are synced
         self.closed: list[OutFile] = []  # paths: where they are now (the output dir)
         self.written = 0
+        self.error: OSError | None = None  # the first failed open, write or sync: no more lines
+        self._syncing: list[OutFile] = []  # files whose fsync is under way
         self._group = _Group()
         self._wake = anyio.Event()
         self._new_dir_entry = False
@@ -175,8 +253,16 @@ class Sink:
     # -- writing (event loop) --------------------------------------------------------------------
 
     async def append(self, body: bytes) -> None:
-        """Write ``body`` and a newline; return once they are on disk (raise if that failed)."""
-        self._file().write(body + b"\n")
+        """Write ``body`` and a newline; return once they are on disk (raise OSError if that
+        failed: the sink then takes no more lines)."""
+        if self.error is not None:
+            raise self.error
+        try:
+            f = self._file()
+        except OSError as exc:
+            self.error = exc
+            raise
+        f.write(body + b"\n")
         group = self._group
         group.count += 1
         if group.count >= self.group_size:
@@ -213,18 +299,22 @@ class Sink:
                 rev += 1  # a finished file of that name: never overwritten by a move
                 continue
             try:
-                raw: BinaryIO = open(path, "xb")  # noqa: SIM115 - closed by finish/sync
+                # Unbuffered: OutFile buffers, so a failed write leaves no hidden bytes.
+                raw = io.FileIO(path, "xb")
             except FileExistsError:
                 rev += 1
                 continue
             break
         self._new_dir_entry = True
         gz = (
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=self.gzip_level)
+            zlib.compressobj(self.gzip_level, zlib.DEFLATED, -zlib.MAX_WBITS)
             if self.compress
             else None
         )
-        return OutFile(path, key, raw, gz, now)
+        f = OutFile(path, key, raw, gz, now)
+        if gz is not None:
+            f.pending += gzip_header(self.gzip_level, now)
+        return f
 
     def _name(self, now: float, rev: int) -> str:
         return render_name(self.pattern, self.topic, now, rev, self.host, self.datetime_format)
@@ -246,38 +336,78 @@ class Sink:
             await self.sync()
 
     async def sync(self) -> None:
-        """Flush and fsync what was written so far, then release the waiting messages."""
+        """Flush and fsync what was written so far, then release the waiting messages.
+
+        A failure (a full disk, an unwritable directory) is kept in :attr:`error` and given to
+        the waiting messages; the files are cut back to their last synced line by
+        :meth:`close`."""
         group, self._group = self._group, _Group()
         closing, self.closing = self.closing, []
         files = [*closing, *([self.current] if self.current else [])]
         new_dir_entry, self._new_dir_entry = self._new_dir_entry, False
         try:
-            # Buffers are pushed out here, on the loop's thread, where the writes happen;
-            # the thread below only fsyncs (and closes files no longer written to).
+            if self.error is not None:
+                raise self.error
+            # Bytes are handed to the OS here, on the loop's thread, where the writes happen;
+            # the thread below only fsyncs.
             for f in closing:
                 f.finish()
             if self.current is not None:
                 self.current.flush()
+            marks = [(f, f.flushed) for f in files]
+            self._syncing = files
             fds = [f.raw.fileno() for f in files]
             await anyio.to_thread.run_sync(_fsync, fds, self.directory if new_dir_entry else None)
+            for f, mark in marks:
+                f.synced = mark
         except BaseException as exc:
-            group.error = exc if isinstance(exc, Exception) else OSError("sync cancelled")
+            self.closing = closing + self.closing  # cut back and closed by close()
+            if isinstance(exc, OSError):
+                self.error = self.error or exc
+                group.error = exc
+                return
+            group.error = OSError("sync cancelled")
             raise
         finally:
-            for f in closing:
-                f.raw.close()
-                self.closed.append(f)
+            self._syncing = []
             group.done.set()
+        for f in closing:
+            f.raw.close()
+            self.closed.append(f)
         self.written += group.count
         if closing and self.output_dir != self.directory:
             await anyio.to_thread.run_sync(_move, closing, self.output_dir)
 
     async def close(self) -> None:
-        """Sync and close everything (at the end: nothing is waiting any more)."""
+        """Sync and close everything (at the end: nothing is waiting any more). After a
+        failure, each open file is cut back to its last synced line instead."""
         if self.current is not None:
             self.closing.append(self.current)
             self.current = None
         await self.sync()
+        if self.error is not None:
+            self.abort()
+
+    def abort(self) -> None:
+        """End every open file at once, without waiting (a second signal, or after a
+        failure): each is cut back to its last synced line, a valid file, and moved to the
+        output directory; a file with nothing synced is removed."""
+        files: dict[int, OutFile] = {}
+        for f in [*self._syncing, *self.closing, self.current]:
+            if f is not None and not f.raw.closed:
+                files[id(f)] = f
+        self.closing, self.current = [], None
+        kept: list[OutFile] = []
+        for f in files.values():
+            try:
+                if f.cut():
+                    kept.append(f)
+            except OSError:
+                f.raw.close()  # a disk that refuses even this: left in the work directory
+        self.closed.extend(kept)
+        if kept and self.output_dir != self.directory:
+            with contextlib.suppress(OSError):
+                _move(kept, self.output_dir)
 
 
 def _move(files: list[OutFile], output_dir: str) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import signal
 import sys
 from typing import Any
 
@@ -16,6 +15,7 @@ from rich.table import Table
 from smartnsq.cli.options import CliError, Common, common, common_options, split_addresses
 from smartnsq.cli.output import configure_logging, print_json
 from smartnsq.cli.statdata import Node, Snapshot, find_nodes, sample, summarize
+from smartnsq.cli.status import Verdict
 from smartnsq.http import HttpClient
 from smartnsq.protocol.names import validate_topic
 
@@ -70,8 +70,9 @@ def command(
     if topic is not None:
         validate_topic(topic)
     view = _View(topic, channel, interval, count)
-    anyio.run(_stat, options, http, view, watch or count is not None)
-    return 0
+    verdict = Verdict("stat")
+    anyio.run(_stat, options, http, view, watch or count is not None, verdict)
+    return verdict.finish()
 
 
 @dataclasses.dataclass
@@ -82,7 +83,9 @@ class _View:
     count: int | None  # reports to show; None: until Ctrl-C (with --watch)
 
 
-async def _stat(options: Common, http: list[str], view: _View, watch: bool) -> None:
+async def _stat(
+    options: Common, http: list[str], view: _View, watch: bool, verdict: Verdict
+) -> None:
     topic, interval = view.topic, view.interval
     client = HttpClient()
     nodes = await find_nodes(client, options.lookupd, http)
@@ -97,7 +100,7 @@ async def _stat(options: Common, http: list[str], view: _View, watch: bool) -> N
         snapshot = _checked(nodes, first, await sample(client, nodes, topic), view)
         _show(snapshot, options)
         return
-    await _watch(client, options, nodes, first, view)
+    await _watch(client, options, nodes, first, view, verdict)
 
 
 def _checked(nodes: list[Node], first: Any, last: Any, view: _View) -> Snapshot:
@@ -117,35 +120,34 @@ def _show(snapshot: Snapshot, options: Common) -> None:
 
 
 async def _watch(
-    client: HttpClient, options: Common, nodes: list[Node], first: Any, view: _View
+    client: HttpClient,
+    options: Common,
+    nodes: list[Node],
+    first: Any,
+    view: _View,
+    verdict: Verdict,
 ) -> None:
     shown = 0
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with anyio.create_task_group() as tg:
-
-            async def stop_on_signal() -> None:
-                async for _ in signals:
-                    tg.cancel_scope.cancel()
-
-            tg.start_soon(stop_on_signal)
-            live = None if options.json else Live(console=_console(), auto_refresh=False)
-            try:
-                if live is not None:
-                    live.start()
-                while view.count is None or shown < view.count:
-                    await anyio.sleep(view.interval)
-                    last = await sample(client, nodes, view.topic)
-                    snapshot = summarize(nodes, first, last, view.channel)
-                    if live is None:
-                        print_json(dataclasses.asdict(snapshot))
-                    else:
-                        live.update(render(snapshot), refresh=True)
-                    first = last
-                    shown += 1
-                tg.cancel_scope.cancel()
-            finally:
-                if live is not None:
-                    live.stop()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(verdict.watch_signals, tg.cancel_scope.cancel)
+        live = None if options.json else Live(console=_console(), auto_refresh=False)
+        try:
+            if live is not None:
+                live.start()
+            while view.count is None or shown < view.count:
+                await anyio.sleep(view.interval)
+                last = await sample(client, nodes, view.topic)
+                snapshot = summarize(nodes, first, last, view.channel)
+                if live is None:
+                    print_json(dataclasses.asdict(snapshot))
+                else:
+                    live.update(render(snapshot), refresh=True)
+                first = last
+                shown += 1
+            tg.cancel_scope.cancel()
+        finally:
+            if live is not None:
+                live.stop()
 
 
 def _console() -> Console:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import secrets
 import sys
 from collections.abc import Awaitable, Callable
@@ -17,6 +18,7 @@ from smartnsq.cli.buffers import buffer_options, consumer_buffer_options
 from smartnsq.cli.options import Common, common, common_options
 from smartnsq.cli.output import configure_logging, print_json
 from smartnsq.cli.reach import check_reachable
+from smartnsq.cli.status import Verdict
 from smartnsq.cli.topics import TopicRunner, serving
 from smartnsq.cli.words import pass_through
 from smartnsq.errors import NSQError
@@ -122,7 +124,7 @@ def command(
         )
 
     anyio.run(_tail, printer, options, names, make)
-    return 0
+    return printer.verdict.finish()
 
 
 class _Printer:
@@ -136,14 +138,37 @@ class _Printer:
         self.print_topic = print_topic
         self.show_meta = show_meta
         self.seen = 0
+        self.reader_gone = False  # stdout cannot be written any more
+        self.verdict = Verdict("tail")
         self.runner: TopicRunner | None = None
         self.out = sys.stdout.buffer
 
     def handler(self, topic: str) -> Callable[[Message], Awaitable[None]]:
         async def handle(message: Message) -> None:
-            self.show(topic, message)
+            if self.reader_gone:
+                message.requeue(0, backoff=False)
+                return
+            try:
+                self.show(topic, message)
+            except OSError as exc:
+                # Not printed: back to the channel, and tail stops (a reader gone is a normal
+                # end, as for '| head'; a full disk is a failure) rather than fail every message.
+                message.requeue(0, backoff=False)
+                self._cannot_print(exc)
 
         return handle
+
+    def _cannot_print(self, exc: OSError) -> None:
+        if not self.reader_gone:
+            self.reader_gone = True
+            if not isinstance(exc, BrokenPipeError):
+                self.verdict.fail(f"cannot write to stdout: {exc.strerror or exc}")
+            # What is still buffered can never be written: drop it, quietly at exit too.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        if self.runner is not None:
+            self.runner.stop()
 
     def show(self, topic: str, message: Message) -> None:
         if self.count is not None and self.seen >= self.count:
@@ -171,7 +196,7 @@ async def _tail(
 ) -> None:
     await check_reachable(options, topics[0])
     configure_logging(options)  # after the check, whose failure is reported as one line
-    printer.runner = TopicRunner("tail", options, serving(make))
+    printer.runner = TopicRunner("tail", options, serving(make), verdict=printer.verdict)
     await printer.runner.run(topics)
 
 

@@ -15,6 +15,7 @@ class Tally:
     published: int = 0
     failed: int = 0
     skipped: int = 0  # empty lines: nsqd rejects empty messages
+    resumed: int = 0  # lines before --resume-from: left out on purpose
     unconfirmed: int = 0  # sent, but the answer was cut short by a second Ctrl-C
     # The resume point: every line up to this one (``source:line``) was acknowledged by nsqd
     # (or skipped as empty); empty when not one line was.

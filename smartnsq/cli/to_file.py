@@ -17,6 +17,7 @@ from smartnsq.cli.output import configure_logging, print_json
 from smartnsq.cli.reach import check_reachable
 from smartnsq.cli.sink import DEFAULT_DATETIME, DEFAULT_PATTERN, Sink, go_pattern
 from smartnsq.cli.sink import host_identifier as host_identifier_of
+from smartnsq.cli.status import Verdict, exit_now, signal_status
 from smartnsq.cli.tail import RESERVED, topic_list
 from smartnsq.cli.topics import TopicRunner
 from smartnsq.cli.words import parse_duration, pass_through
@@ -216,7 +217,7 @@ def command(
 
     archive.sink, archive.consumer = sink, consumer
     anyio.run(archive.run, names, regex, refresh)
-    return 0
+    return archive.verdict.finish()
 
 
 class _Archive:
@@ -225,6 +226,8 @@ class _Archive:
     def __init__(self, options: Common, sync: float) -> None:
         self.options = options
         self.sync = sync
+        self.verdict = Verdict("to-file")
+        self.runner: TopicRunner | None = None
         self.sinks: list[Sink] = []
         self.sink: Callable[[str], Sink]
         self.consumer: Callable[[str, Callable[[Message], Awaitable[None]]], Consumer]
@@ -232,26 +235,66 @@ class _Archive:
     async def run(self, topics: list[str], regex: re.Pattern[str] | None, refresh: float) -> None:
         await check_reachable(self.options, topics[0] if topics else None)
         configure_logging(self.options)  # after the check, whose failure is one line
-        runner = TopicRunner("to-file", self.options, self.topic, refresh=refresh)
-        await runner.run(topics, regex)
+        self.runner = TopicRunner(
+            "to-file",
+            self.options,
+            self.topic,
+            refresh=refresh,
+            verdict=self.verdict,
+            again=self._stop_now,
+        )
+        await self.runner.run(topics, regex)
+        self._report()
+
+    def _report(self) -> None:
         files = [f.path for sink in self.sinks for f in sink.closed]
         written = sum(sink.written for sink in self.sinks)
         if self.options.json:
             print_json(
-                {"topics": [s.topic for s in self.sinks], "written": written, "files": files}
+                {
+                    "topics": [s.topic for s in self.sinks],
+                    "written": written,
+                    "files": files,
+                    **self.verdict.fields(),
+                }
             )
-        elif sys.stderr.isatty() or self.options.verbose:
+        elif self.verdict.error is None and (sys.stderr.isatty() or self.options.verbose):
+            how = "interrupted: " if self.verdict.interrupted else ""
             print(
-                f"smartnsq to-file: wrote {written} messages to {len(files)} files",
+                f"smartnsq to-file: {how}wrote {written} messages to {len(files)} files",
                 file=sys.stderr,
             )
+
+    def _stop_now(self, signum: int) -> None:
+        # A second signal: end every open file at its last synced line (a valid file; the
+        # messages not answered yet come back from nsqd) and leave without waiting.
+        for sink in self.sinks:
+            sink.abort()
+        self._report()
+        exit_now(signal_status(signum))
+
+    def _failed(self, sink: Sink, exc: OSError) -> None:
+        if self.verdict.error is None:
+            why = exc.strerror or str(exc)
+            self.verdict.fail(
+                f"cannot write {sink.topic} to {sink.directory}: {why}; the files hold every "
+                "line synced, the other messages stay in nsqd"
+            )
+        if self.runner is not None:
+            self.runner.stop()
 
     async def topic(self, topic: str) -> None:
         sink = self.sink(topic)
         self.sinks.append(sink)
 
         async def handle(message: Message) -> None:
-            await sink.append(message.body)
+            try:
+                await sink.append(message.body)
+            except OSError as exc:
+                # Not written: back to nsqd, and the whole command stops (one line, status 1)
+                # rather than fail every message that follows.
+                message.requeue(0, backoff=False)
+                self._failed(sink, exc)
 
         try:
             # The syncer runs as serve()'s main: it is stopped only after the consumer, so
@@ -262,3 +305,5 @@ class _Archive:
         finally:
             with anyio.CancelScope(shield=True):
                 await sink.close()
+            if sink.error is not None:
+                self._failed(sink, sink.error)

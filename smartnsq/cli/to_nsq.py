@@ -5,6 +5,7 @@ acknowledged its copy: at least once, nothing lost on a crash or a failed publis
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from typing import Any
 
@@ -12,15 +13,23 @@ import anyio
 import click
 
 from smartnsq import Consumer, Message, Producer, serve
+from smartnsq.cli.keyorder import KeyOrder
 from smartnsq.cli.options import Common, common, common_options, split_addresses
 from smartnsq.cli.output import configure_logging, print_json
 from smartnsq.cli.progress import PubProgress
 from smartnsq.cli.reach import check_reachable
+from smartnsq.cli.status import Verdict
 from smartnsq.cli.tail import RESERVED, topic_list
 from smartnsq.cli.tally import Tally
 from smartnsq.cli.topics import TopicRunner
-from smartnsq.cli.words import flag_words, pass_through
-from smartnsq.errors import ExtNotSupported, NotSupported, NSQError
+from smartnsq.cli.words import flag_words, parse_duration, pass_through
+from smartnsq.errors import (
+    ExtNotSupported,
+    NotSupported,
+    NSQError,
+    TopicNotExist,
+    TopicNotFound,
+)
 from smartnsq.protocol.names import validate_topic
 
 __all__ = ["command"]
@@ -62,6 +71,12 @@ _PRODUCER_RESERVED = {
 )
 @click.option("--limit", type=click.IntRange(min=1), help="Stop after copying LIMIT messages.")
 @click.option(
+    "--idle-timeout",
+    metavar="DURATION",
+    help="Stop once no message came for DURATION (default 10s with --limit, else never); "
+    "with --limit not reached, the exit status is 1.",
+)
+@click.option(
     "--key-header",
     metavar="NAME",
     help="Youzan: the sharding key of each copy is this header of the message.",
@@ -90,6 +105,7 @@ def command(
     to_lookupd: tuple[str, ...],
     rate: float | None,
     limit: int | None,
+    idle_timeout: str | None,
     key_header: str | None,
     same_partition: bool,
     max_in_flight: int,
@@ -99,8 +115,9 @@ def command(
     """Copy the messages of TOPIC to another topic or cluster (nsq_to_nsq).
 
     Each message is finished only once the destination acknowledged its copy; a failed
-    publish requeues it. Youzan ext headers and trace ids are kept where the destination
-    takes them. Replays a dead-letter topic: smartnsq to-nsq orders.dead --to orders.
+    publish requeues it, and copies failing again and again end the command (status 1), the
+    messages left in the source. Youzan ext headers and trace ids are kept where the
+    destination takes them. Replays a dead-letter topic: smartnsq to-nsq orders.dead --to orders.
     """
     options = common()
     names = topic_list(topics, topic_flags)
@@ -114,8 +131,30 @@ def command(
         raise click.UsageError("--to names the same topic on the same cluster: a loop")
     if key_header and same_partition:
         raise click.UsageError("choose one of --key-header and --same-partition")
+    try:
+        idle = parse_duration(idle_timeout) if idle_timeout is not None else None
+    except click.BadParameter as exc:
+        raise click.UsageError(f"--idle-timeout: {exc.message}") from None
+    if idle is None and limit is not None:
+        idle = DEFAULT_IDLE
     client = options.client_options()
     consumer_extra = pass_through("--consumer-opt", consumer_opts, Consumer, RESERVED)
+    # A copy tool never gives a message up uncopied: no attempt limit, unless the messages
+    # given up go to a dead-letter topic.
+    consumer_extra.setdefault("max_attempts", 0)
+    if consumer_extra["max_attempts"] and not consumer_extra.get("dead_letter_topic"):
+        raise click.UsageError(
+            "--consumer-opt max_attempts would finish messages that were not copied: add "
+            "--consumer-opt dead_letter_topic=TOPIC for them to go to"
+        )
+    # Messages held while they wait for their copy (or their --rate slot) stay ours.
+    consumer_extra.setdefault("auto_touch", True)
+    if rate is not None:
+        # Hold about one second's worth: a message waits for its slot briefly, not for
+        # minutes (nsqd's message timeout), and idle time builds no burst.
+        max_in_flight = min(max_in_flight, max(1, math.ceil(rate)))
+    if limit is not None:
+        max_in_flight = min(max_in_flight, limit)  # more would only be requeued
     producer_extra = pass_through("--producer-opt", producer_opts, Producer, _PRODUCER_RESERVED)
     where: dict[str, Any]
     if dst_nsqd or dst_lookupd:
@@ -125,7 +164,7 @@ def command(
     producer = Producer(
         **where, tls=client["tls"], auth_secret=client["auth_secret"], **producer_extra
     )
-    copier = _Copier(producer, target, options, rate, limit, key_header, same_partition)
+    copier = _Copier(producer, target, options, rate, limit, key_header, same_partition, idle)
     consumer = Consumer(
         source,
         channel,
@@ -139,6 +178,12 @@ def command(
     return copier.report(source)
 
 
+DEFAULT_IDLE = 10.0
+# Copies failing one after another (none copied in between) mean the destination is not
+# taking messages: stop, the messages left in the source, rather than retry forever.
+MAX_FAILED_IN_A_ROW = 5
+
+
 class _Copier:
     def __init__(
         self,
@@ -149,6 +194,7 @@ class _Copier:
         limit: int | None,
         key_header: str | None,
         same_partition: bool,
+        idle: float | None,
     ) -> None:
         self.producer = producer
         self.target = target
@@ -157,50 +203,152 @@ class _Copier:
         self.limit = limit
         self.key_header = key_header
         self.same_partition = same_partition
+        self.idle = idle  # stop once no message came for this long
+        self.verdict = Verdict("to-nsq")
         self.tally = Tally()
-        self.taken = 0  # messages given a publish slot (for --rate and --limit)
+        self.taken = 0  # messages given a publish slot (for --limit)
+        self.next_slot = 0.0  # when the next --rate slot is free
+        self.busy = 0  # handlers running
+        self.last_seen = 0.0
+        self.failed_in_a_row = 0
         self.keep_ext = True  # headers and trace ids, until the destination refuses them
-        self.started = 0.0
         self.runner: TopicRunner | None = None
         self.progress: PubProgress | None = None
         self.last_error = ""
+        self.source = ""
+        self.order = KeyOrder()  # copies of one key (or partition) one after another
 
     async def run(self, consumer: Consumer, source: str) -> None:
+        self.source = source
         await check_reachable(self.options, source)
         configure_logging(self.options)
-        self.started = anyio.current_time()
+        self.last_seen = anyio.current_time()
 
         async def copy(topic: str) -> None:
-            await serve(consumer, self.producer, signals=())
+            await serve(consumer, signals=())
 
-        self.runner = TopicRunner("to-nsq", self.options, copy)
-        with PubProgress(None) as self.progress:
-            await self.runner.run([source])
+        self.runner = TopicRunner("to-nsq", self.options, copy, verdict=self.verdict)
+        async with anyio.create_task_group() as tg:
+            if self.idle is not None:
+                tg.start_soon(self._watch_idle, self.runner, self.idle)
+            # Entered out here, outside the runner's cancel scope, so that a stop does not
+            # cancel the producer's connections under the handlers still finishing.
+            await self.producer.__aenter__()
+            try:
+                with PubProgress(None) as self.progress:
+                    await self.runner.run([source])
+            finally:
+                # Every handler has returned: an answer still awaited belongs to a copy
+                # that was given up (its message requeued), so closing does not wait for it.
+                await self.producer.close(0)
+            tg.cancel_scope.cancel()
+
+    async def _watch_idle(self, runner: TopicRunner, idle: float) -> None:
+        while True:
+            quiet = anyio.current_time() - self.last_seen
+            if self.busy == 0 and quiet >= idle:
+                break
+            await anyio.sleep(max(0.05, idle - quiet) if self.busy == 0 else idle)
+        if self.limit is not None and self.tally.published < self.limit:
+            why = f"none came for {idle:g}s"
+            if self.failed_in_a_row:
+                why += f" (the last copy failed: {self.last_error})"
+            self.verdict.fail(
+                f"copied {self.tally.published} of --limit {self.limit} messages: {why}"
+            )
+        runner.stop()
+
+    def _give_up(self, reason: str) -> None:
+        self.verdict.fail(
+            f"{reason}; copied {self.tally.published} messages, the rest stay in {self.source}"
+        )
+        if self.runner is not None:
+            self.runner.stop()
 
     async def handle(self, message: Message) -> None:
-        if self.limit is not None and self.taken >= self.limit:
-            message.requeue(0, backoff=False)  # beyond --limit: back, untouched
+        self.busy += 1
+        self.last_seen = anyio.current_time()
+        try:
+            await self._handle(message)
+        finally:
+            self.busy -= 1
+            self.last_seen = anyio.current_time()
+
+    def _stopping(self) -> bool:
+        return self.runner is not None and self.runner.stopping.is_set()
+
+    async def _handle(self, message: Message) -> None:
+        # The place in its key's line is taken before anything waits: in delivery order.
+        route = self._route(message)
+        if route is None:
+            await self._copy(message)
             return
-        slot = self.taken
+        turn = self.order.enter(route)
+        try:
+            if not await turn.wait_for_previous():
+                # The copy before it in its key's line failed: not copied ahead of it.
+                turn.failed = True
+                message.requeue()
+                return
+            turn.failed = not await self._copy(message)
+        finally:
+            self.order.leave(route, turn)
+
+    def _route(self, message: Message) -> Any:
+        """What the copies' order is kept by: the sharding key or the partition (None: no
+        order to keep)."""
+        if self.key_header is not None:
+            key = (_headers(message) or {}).get(self.key_header)
+            return ("key", key) if isinstance(key, str | int) else None
+        if self.same_partition and message.partition is not None:
+            return ("partition", message.partition)
+        return None
+
+    async def _copy(self, message: Message) -> bool:
+        """Copy one message (or give it back); True once the destination acknowledged it."""
+        if self._stopping() or (self.limit is not None and self.taken >= self.limit):
+            message.requeue(0, backoff=False)  # beyond --limit or stopping: back, untouched
+            return False
         self.taken += 1
         if self.rate is not None:
-            await anyio.sleep(max(0.0, self.started + slot / self.rate - anyio.current_time()))
+            # A slot 1/rate after the previous one, never earlier than now: idle time builds
+            # no credit to be spent as a burst.
+            now = anyio.current_time()
+            due = max(now, self.next_slot)
+            self.next_slot = due + 1 / self.rate
+            if due > now and self.runner is not None:
+                with anyio.move_on_after(due - now):
+                    await self.runner.stopping.wait()
+            if self._stopping():
+                self.taken -= 1
+                message.requeue(0, backoff=False)
+                return False
         try:
             await self._publish(message)
         except NSQError as exc:
             # Not copied: back to the channel (with the consumer's backoff), copied later.
             self.tally.failed += 1
+            self.failed_in_a_row += 1
             self.taken -= 1
             self.last_error = flag_words(str(exc))
-            if self.tally.failed == 1 or self.options.verbose:
-                log.warning("%s: copy failed, message requeued: %s", self.target, exc)
             message.requeue()
-            return
+            if isinstance(exc, TopicNotFound | TopicNotExist):
+                self._give_up(f"destination topic {self.target!r} does not exist: {exc}")
+            elif self.failed_in_a_row >= MAX_FAILED_IN_A_ROW:
+                self._give_up(
+                    f"{self.failed_in_a_row} copies to {self.target} failed in a row "
+                    f"(last: {self.last_error})"
+                )
+            elif self.tally.failed == 1 or self.options.verbose:
+                log.warning("%s: copy failed, message requeued: %s", self.target, exc)
+            return False
+        self.failed_in_a_row = 0
         self.tally.published += 1
         if self.progress is not None:
             self.progress.update(self.tally, 0)
         if self.limit is not None and self.tally.published >= self.limit and self.runner:
             self.runner.stop()
+        return True
 
     async def _publish(self, message: Message) -> None:
         kwargs: dict[str, Any] = {}
@@ -232,7 +380,7 @@ class _Copier:
             await self.producer.publish(self.target, message.body, **kwargs)
 
     def report(self, source: str) -> int:
-        tally = self.tally
+        tally, verdict = self.tally, self.verdict
         if self.options.json:
             print_json(
                 {
@@ -241,10 +389,14 @@ class _Copier:
                     "published": tally.published,
                     "failed_attempts": tally.failed,
                     "last_error": self.last_error or None,
+                    **verdict.fields(),
                 }
             )
-        elif sys.stderr.isatty() or tally.failed or self.options.verbose:
-            text = f"smartnsq to-nsq: copied {tally.published} messages from {source} to "
+        elif verdict.error is None and (
+            sys.stderr.isatty() or tally.failed or self.options.verbose or verdict.interrupted
+        ):
+            how = "interrupted: " if verdict.interrupted else ""
+            text = f"smartnsq to-nsq: {how}copied {tally.published} messages from {source} to "
             text += self.target
             if tally.failed:
                 text += (
@@ -252,7 +404,7 @@ class _Copier:
                     f"(last: {self.last_error})"
                 )
             print(text, file=sys.stderr)
-        return 0
+        return verdict.finish()
 
 
 def _headers(message: Message) -> dict[str, Any] | None:

@@ -5,7 +5,6 @@ nsq_tail's TOPIC_NOT_FOUND is, and waited for until it appears."""
 from __future__ import annotations
 
 import re
-import signal
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -16,6 +15,7 @@ import anyio.abc
 from smartnsq import Consumer, serve
 from smartnsq.cli.options import CliError, Common
 from smartnsq.cli.statdata import get_json
+from smartnsq.cli.status import Verdict, exit_now, signal_status
 from smartnsq.errors import NSQError
 from smartnsq.http import HttpClient, HttpError
 from smartnsq.lookup.manager import LookupManager
@@ -40,22 +40,37 @@ def serving(make: Callable[[str], Consumer]) -> Serve:
 class TopicRunner:
     """Run each topic's consumer (``serve_topic(topic)``, which should return once it is
     cancelled and its consumer has stopped gracefully) until a signal, :meth:`stop`, or
-    every one of them returned."""
+    every one of them returned.
+
+    The first SIGINT or SIGTERM stops gracefully and is recorded in ``verdict``; a second
+    one calls ``again`` (default: leave at once with the first signal's status), so it never
+    falls through to the signal's default action while the stop runs."""
 
     def __init__(
-        self, command: str, options: Common, serve_topic: Serve, *, refresh: float = 60.0
+        self,
+        command: str,
+        options: Common,
+        serve_topic: Serve,
+        *,
+        refresh: float = 60.0,
+        verdict: Verdict | None = None,
+        again: Callable[[int], None] | None = None,
     ) -> None:
         self.command = command
         self.options = options
         self.serve_topic = serve_topic
         self.refresh = refresh
+        self.verdict = verdict or Verdict(command)
+        self.again = again or _leave
         self.started: set[str] = set()
         self._scope: anyio.CancelScope | None = None
         self._stopped = False
+        self.stopping = anyio.Event()  # set by the first stop: handlers waiting may give up
 
     def stop(self) -> None:
         """Stop every consumer (gracefully: their held messages are requeued)."""
         self._stopped = True
+        self.stopping.set()
         if self._scope is not None:
             self._scope.cancel()
 
@@ -64,22 +79,18 @@ class TopicRunner:
 
     async def run(self, topics: list[str], pattern: re.Pattern[str] | None = None) -> None:
         async with anyio.create_task_group() as tg:
-            self._scope = tg.cancel_scope
-            if self._stopped:
-                tg.cancel_scope.cancel()
-            tg.start_soon(self._signals)
-            async with anyio.create_task_group() as topics_tg:
-                for topic in topics:
-                    topics_tg.start_soon(self._one, topic)
-                if pattern is not None:
-                    topics_tg.start_soon(self._follow, pattern, topics_tg)
+            # The watcher outlives the topics' graceful stop: a second signal meanwhile is
+            # answered by ``again``, not by the signal's default action.
+            tg.start_soon(self.verdict.watch_signals, self.stop, self.again)
+            with anyio.CancelScope() as self._scope:
+                if self._stopped:
+                    self._scope.cancel()
+                async with anyio.create_task_group() as topics_tg:
+                    for topic in topics:
+                        topics_tg.start_soon(self._one, topic)
+                    if pattern is not None:
+                        topics_tg.start_soon(self._follow, pattern, topics_tg)
             tg.cancel_scope.cancel()  # every topic's run returned: stop watching signals
-
-    async def _signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                self.stop()
-                return
 
     async def _one(self, topic: str) -> None:
         self.started.add(topic)
@@ -127,3 +138,7 @@ class TopicRunner:
                 continue
             found.update(str(t) for t in (body or {}).get("topics") or [])
         return found
+
+
+def _leave(signum: int) -> None:
+    exit_now(signal_status(signum))

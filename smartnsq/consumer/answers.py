@@ -12,6 +12,7 @@ import inspect
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
@@ -20,7 +21,7 @@ from smartnsq.consumer.deadletters import DeadLetterTopic
 from smartnsq.consumer.pacing import Pacing
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
-from smartnsq.errors import ConnectionClosed, NSQError
+from smartnsq.errors import ConnectionClosed, FinFailed, NSQError, ReqFailed, ServerError
 from smartnsq.inbox import Inbox
 from smartnsq.message import Message, id_text
 from smartnsq.notice import handler_failed
@@ -42,14 +43,22 @@ class Answers:
         "finished",
         "inbox",
         "pacing",
+        "refused",
         "requeued",
         "state",
+        "uncounted",
     )
 
     def __init__(self, state: State, pacing: Pacing) -> None:
         self.state = state
         self.pacing = pacing
         self.finished = self.requeued = self.discarded = 0
+        # FINs and REQs nsqd refused (E_FIN_FAILED, E_REQ_FAILED): counted as written first,
+        # so taken back from finished / requeued.
+        self.refused = 0
+        # The ids (as nsqd's error text shows them) of recent FINs not counted as finished
+        # (given-up messages): their refusal takes nothing back.
+        self.uncounted: OrderedDict[str, None] = OrderedDict()
         # Where answers made on other threads are carried to the loop (set on start).
         self.inbox: Inbox | None = None
         # Messages whose handler returned an awaitable that is being awaited.
@@ -134,6 +143,8 @@ class Answers:
         else:
             if count:
                 self.finished += 1
+            else:
+                self.not_counted(msg)
         if count and self.pacing.backoff.level:
             self.pacing.result(success=True)
 
@@ -156,6 +167,29 @@ class Answers:
             self.requeued += 1
         if backoff:
             self.pacing.failed()
+
+    def not_counted(self, msg: Message) -> None:
+        """Remember that the FIN of ``msg`` was not counted as finished."""
+        uncounted = self.uncounted
+        for key in answer_keys(msg):
+            uncounted[key] = None
+        while len(uncounted) > UNCOUNTED:
+            uncounted.popitem(last=False)
+
+    def refused_by_nsqd(self, err: ServerError) -> None:
+        """nsqd refused a FIN or REQ (the message was no longer in flight: it had timed out,
+        say): it counts as refused, not as finished or requeued."""
+        if isinstance(err, FinFailed):
+            words = err.description.split()
+            if len(words) > 1 and words[0] == "FIN" and words[1] in self.uncounted:
+                del self.uncounted[words[1]]  # a given-up message's: not counted as finished
+            else:
+                self.finished -= 1
+        elif isinstance(err, ReqFailed):
+            self.requeued -= 1
+        else:
+            return
+        self.refused += 1
 
     def give_back(self, msg: Message) -> None:
         """REQ for redelivery now, not counted as a failure (stopping, or not started)."""
@@ -267,9 +301,29 @@ class Answers:
                 options.max_attempts,
             )
         else:
-            self.state.call_back("on_giving_up", options.on_giving_up, msg)
+            self.giving_up(msg, None)
         if not msg._responded:
             self.fin(msg, count=False)
+
+    def giving_up(self, msg: Message, reason: Exception | None) -> None:
+        """Call ``on_giving_up`` with ``msg``, and ``reason`` when it takes a second argument."""
+        options = self.state.options
+        callback = options.on_giving_up
+        if callback is not None:
+            args = (msg, reason) if options.giving_up_reason else (msg,)
+            self.state.call_back("on_giving_up", callback, *args)
+
+
+UNCOUNTED = 1024  # given-up messages' FINs remembered for refusals that may follow
+
+
+def answer_keys(msg: Message) -> tuple[str, ...]:
+    """How nsqd's E_FIN_FAILED text may name ``msg``: classic nsqd by its 16 hex characters,
+    the Youzan fork by its internal id in decimal."""
+    keys = [str(msg.internal_id)]
+    if msg.id.isascii():
+        keys.append(msg.id.decode())
+    return tuple(keys)
 
 
 def lost(msg: Message, what: str) -> None:

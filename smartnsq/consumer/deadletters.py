@@ -1,6 +1,14 @@
 """The consumer's dead-letter topic: a message it gives up on is published there first, and
-finished only once nsqd acknowledged the copy; if the copy fails, the original is requeued
-with backoff, never finished, so nothing is lost (see :mod:`smartnsq.deadletter`)."""
+finished only once nsqd acknowledged the copy (see :mod:`smartnsq.deadletter`).
+
+A copy that fails for a reason that may pass (nsqd down or slow, no nsqd listed) leaves the
+original requeued, not finished, so nothing is lost; it comes back after a delay that grows
+with each failed copy, and it does not slow the consumer down (no backoff): the other
+messages keep flowing. A copy the destination refuses for good (``E_BAD_MESSAGE``,
+``E_BAD_TOPIC``, ``E_BAD_BODY``) is not tried again: the message is given up on without a
+copy (``on_giving_up`` with the reason, an ERROR) and finished. A graceful stop waits for
+pending copies (see :mod:`smartnsq.consumer.drain`).
+"""
 
 from __future__ import annotations
 
@@ -10,14 +18,35 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 
 from smartnsq.consumer.state import State
+from smartnsq.consumer.subscription import Subscription
 from smartnsq.deadletter import DeadLetters, LastErrors
-from smartnsq.errors import NSQError
+from smartnsq.errors import (
+    BadBody,
+    BadMessage,
+    BadTopic,
+    InvalidArgument,
+    LookupFailed,
+    NSQError,
+    TopicNotFound,
+)
+from smartnsq.lookup.manager import LookupManager
 from smartnsq.message import Message, id_text
+from smartnsq.notice import warn_unheard
 
 if TYPE_CHECKING:
     from smartnsq.producer import Producer
 
 log = logging.getLogger("smartnsq.consumer")
+
+# What no retry can change: the copy itself is what the destination refuses.
+REFUSED_FOR_GOOD = (BadMessage, BadTopic, BadBody, InvalidArgument)
+# A failed copy's original comes back after 1 s, doubling with each failed copy, up to 60 s
+# (and to max_requeue_delay).
+RETRY_FIRST = 1.0
+RETRY_MOST = 60.0
+# The destination nsqd decides what is too large (its --max-msg-size may exceed the
+# Producer's default 1 MiB): a copy is checked against this only.
+COPY_MAX = 1 << 30
 
 
 class Settle(Protocol):
@@ -29,10 +58,22 @@ class Settle(Protocol):
 
     def req(self, msg: Message, delay: float | None, backoff: bool) -> None: ...
 
+    def giving_up(self, msg: Message, reason: Exception | None) -> None: ...
+
+    def touch_now(self, msg: Message) -> None: ...
+
+
+def retry_delay(msg: Message, max_attempts: int, max_requeue_delay: float) -> float:
+    """When the original of a failed copy comes back: the copies failed so far are its
+    deliveries past ``max_attempts``."""
+    failed = max(1, msg.attempts - max_attempts)
+    return min(RETRY_FIRST * 2.0 ** min(failed - 1, 16), RETRY_MOST, max_requeue_delay)
+
 
 class DeadLetterTopic:
     """Owns the producer of the dead-letter copies (started with the consumer, on its
-    cluster and with its connection settings) and the last failure of each message."""
+    cluster and with its connection settings), the last failure of each message, and the
+    messages whose copy is under way (``pending``: a graceful stop waits for them)."""
 
     def __init__(self, state: State, topic: str) -> None:
         options = state.options
@@ -40,6 +81,7 @@ class DeadLetterTopic:
         self.letters = DeadLetters(topic, options.topic, options.channel)
         self.errors = LastErrors()
         self.producer: Producer | None = None
+        self.pending: set[Message] = set()
 
     async def run(self) -> None:
         """The producer's life: from the consumer's start until its task group ends."""
@@ -59,6 +101,8 @@ class DeadLetterTopic:
             auth_over_plaintext=config.auth_over_plaintext,
             connect_timeout=config.connect_timeout,
             client_id=config.client_id,
+            max_message_size=COPY_MAX,
+            max_body_size=COPY_MAX + 8,
         ) as producer:
             self.producer = producer
             try:
@@ -66,31 +110,97 @@ class DeadLetterTopic:
             finally:
                 self.producer = None
 
+    async def check(self) -> None:
+        """At start: on the Youzan fork, where an operator creates topics, a dead-letter topic
+        no lookupd knows is an error (:class:`TopicNotFound`), not a loop of failed copies.
+        A lookupd that does not answer is no error: each copy asks again."""
+        lookupds = self.state.options.lookupds
+        if not lookupds:
+            return
+        topic = self.letters.topic
+        async with LookupManager(lookupds) as lookup:
+            try:
+                await lookup.lookup(topic, "w")
+            except TopicNotFound as exc:
+                if lookup.fork:
+                    raise TopicNotFound(
+                        f"dead_letter_topic {topic!r} does not exist: create it (with the "
+                        f"fork's topic create API) before starting the consumer ({exc})"
+                    ) from None
+            except LookupFailed as exc:
+                log.debug("could not check dead-letter topic %s at start: %s", topic, exc)
+
     def give_up(self, msg: Message, answers: Settle) -> None:
-        self.state.spawn(self._send, msg, answers)
+        if self.state.spawn(self._send, msg, answers):
+            self.pending.add(msg)
 
     async def _send(self, msg: Message, answers: Settle) -> None:
+        try:
+            await self._copy(msg, answers)
+        finally:
+            self.pending.discard(msg)
+
+    async def _copy(self, msg: Message, answers: Settle) -> None:
         producer = self.producer
         error = self.errors.pop(msg)
         try:
             if producer is None:
                 raise NSQError("the dead-letter producer is not running")
             await self.letters.send(producer, msg, error)
+        except REFUSED_FOR_GOOD as exc:
+            if msg._responded:  # a stop gave it back meanwhile
+                return
+            self._refused(msg, exc)
+            answers.discarded += 1
+            answers.giving_up(msg, exc)
+            if not msg._responded:
+                answers.fin(msg, count=False)
+            return
         except NSQError as exc:
+            if error is not None:
+                self.errors.failed(msg, error)  # for the next give-up
+            if msg._responded:
+                return
+            options = self.state.options
+            delay = retry_delay(msg, options.max_attempts, options.max_requeue_delay)
+            sub: Subscription = msg._reader  # type: ignore[assignment]
+            if sub.ordered:
+                # An ordered partition redelivers a REQ at once whatever its delay, and holds
+                # the rest behind it anyway: hold the message for the delay (kept alive).
+                delay = min(delay, sub.conn.features.msg_timeout / 2)
             log.warning(
-                "could not publish message %s to dead-letter topic %s (%s): requeued, not finished",
+                "could not publish message %s to dead-letter topic %s (%s): requeued, not "
+                "finished; it comes back in %g s",
                 id_text(msg),
                 self.letters.topic,
                 exc,
+                delay,
             )
-            if error is not None:
-                self.errors.failed(msg, error)  # for the next give-up
-            if not msg._responded:
-                answers.req(msg, None, True)
+            if sub.ordered:
+                answers.touch_now(msg)
+                await anyio.sleep(delay)
+                if msg._responded:  # a stop gave it back meanwhile
+                    return
+            # No backoff: the other messages are not at fault, they keep flowing.
+            answers.req(msg, delay, False)
+            return
+        if msg._responded:  # a stop gave it back meanwhile: it comes again, copied again
+            log.info(
+                "message %s was copied to %s after the stop requeued it: it will be copied "
+                "again when it comes back",
+                id_text(msg),
+                self.letters.topic,
+            )
             return
         answers.discarded += 1
-        callback = self.state.options.on_giving_up
-        if callback is not None:
-            self.state.call_back("on_giving_up", callback, msg)
-        if not msg._responded:
-            answers.fin(msg, count=False)
+        answers.giving_up(msg, None)
+        answers.fin(msg, count=False)
+
+    def _refused(self, msg: Message, exc: Exception) -> None:
+        text = (
+            f"dead-letter topic {self.letters.topic} refused message {id_text(msg)} of "
+            f"{self.letters.source}/{self.letters.channel} for good ({exc}): giving up on it "
+            "without a copy (on_giving_up is called with the reason), and finishing it"
+        )
+        log.error("%s", text)
+        warn_unheard(log, "dead-letter-refused", text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 
 import anyio
@@ -17,6 +18,8 @@ from smartnsq.consumer.workers import Workers
 from smartnsq.errors import NSQError
 from smartnsq.message import Message
 from smartnsq.protocol import commands
+
+log = logging.getLogger("smartnsq.consumer")
 
 
 class Drain:
@@ -48,6 +51,9 @@ class Drain:
             running += pool.running()
         if self.answers.awaiting:
             running += self.answers.awaiting
+        dead = self.answers.dead
+        if dead is not None and dead.pending:  # copies to the dead-letter topic under way
+            running += dead.pending
         return running
 
     def _held(self) -> bool:
@@ -91,6 +97,15 @@ class Drain:
         running = self.running(threads=False)
         if pool is not None:
             running += pool.steal_running()
+        dead = self.answers.dead
+        if dead is not None and dead.pending:
+            log.warning(
+                "stop: %d copies to dead-letter topic %s still unacknowledged after %g s; "
+                "their messages are requeued (one may be copied twice)",
+                len(dead.pending),
+                dead.letters.topic,
+                timeout,
+            )
         for msg in running:
             if not msg._responded:
                 answers.give_back(msg)

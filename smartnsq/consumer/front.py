@@ -17,7 +17,7 @@ from smartnsq.consumer.deadletters import DeadLetterTopic
 from smartnsq.consumer.drain import Drain
 from smartnsq.consumer.intake import Intake
 from smartnsq.consumer.nodes import Nodes
-from smartnsq.consumer.options import Handler, Options, is_async_handler
+from smartnsq.consumer.options import GivingUp, Handler, Options, is_async_handler
 from smartnsq.consumer.pacing import Pacing
 from smartnsq.consumer.sinks import Sinks
 from smartnsq.consumer.state import State
@@ -93,7 +93,7 @@ class Consumer:
         auto_touch: bool = False,
         msg_timeout: float | None = None,
         heartbeat_interval: float = 30.0,
-        on_giving_up: Callable[[Message], Any] | None = None,
+        on_giving_up: GivingUp | None = None,
         tls: ssl.SSLContext | bool = False,
         tls_hostname: str | None = None,
         snappy: bool = False,
@@ -151,7 +151,7 @@ class Consumer:
             max_attempts: A message delivered more than this many times is not handed to the
                 handler: it goes to ``on_giving_up`` (or a warning is logged) and is FINed.
                 0 means no limit. Not applied on ordered partitions, where skipping a message
-                would break the order. Default 5.
+                would break the order, unless there is a ``dead_letter_topic``. Default 5.
             requeue_delay: Delay of a REQ when the handler fails (or calls
                 ``message.requeue()`` without a delay): ``requeue_delay`` times the message's
                 attempts, capped by ``max_requeue_delay``. Default 90.0. Ordered partitions
@@ -185,7 +185,9 @@ class Consumer:
                 0.5 s) is closed and reconnected. Default 30.0.
             on_giving_up: Called with a message that exceeded ``max_attempts``, before it is
                 FINed; may be ``async`` (then awaited in the background). Its exceptions are
-                logged. Default None: a warning is logged.
+                logged. One that takes two arguments also gets the reason: None, or the error
+                the ``dead_letter_topic`` refused the copy with for good (the message is then
+                finished without a copy). Default None: a warning is logged.
             tls: ``True`` for TLS with the system's trusted certificates and host name
                 verification, an ``ssl.SSLContext`` for your own settings
                 (client certificates, a private CA), ``False`` (default) for plain TCP.
@@ -249,9 +251,13 @@ class Consumer:
                 buffering (nsqd then also ignores ``output_buffer_timeout``); else at least 64
                 (nsqd's ``--max-output-buffer-size``, 64 KiB by default, bounds it).
             dead_letter_topic: Where a message given up on (past ``max_attempts``) goes:
-                published there, then finished once nsqd acknowledged the copy, or requeued
-                with backoff if that publish fails ([dead letters][consumer-dead-letters]).
-                ``None`` (default): finished.
+                published there, then finished once nsqd acknowledged the copy; requeued
+                after a growing delay (without backoff) if that publish fails; given up
+                with an ERROR if the topic refuses it for good
+                ([dead letters][consumer-dead-letters]). Also on ordered partitions, which
+                then move on past it. On the Youzan fork the topic must exist: else the start
+                raises [`TopicNotFound`][smartnsq.errors.TopicNotFound]. ``None``
+                (default): finished.
 
         Raises:
             InvalidArgument: A value is out of range, a name breaks NSQ's rules, or neither
@@ -361,6 +367,8 @@ class Consumer:
         if self._started:
             raise NSQError("a Consumer can be started only once")
         await self._options.start_plan.check()
+        if self._answers.dead is not None:
+            await self._answers.dead.check()
         self._started = True
         self._state.thread, self._state.forks = owner()
 
@@ -454,7 +462,7 @@ class Consumer:
         """
         a, state = self._answers, self._state
         counts = state.received, a.finished, a.requeued, a.discarded, self._pacing.backoff.level
-        return consumer_stats(*counts, list(state.subs.values()))
+        return consumer_stats(*counts, list(state.subs.values()), a.refused)
 
     async def lag(
         self, *, nsqd_http_addresses: Sequence[str] = (), timeout: float = 10.0

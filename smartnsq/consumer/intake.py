@@ -180,6 +180,8 @@ class Intake:
         if checker is None:
             checker = self.order[sub.partition] = OrderChecker()
         warn_at = state.options.blocked_warn_attempts
+        # Past max_attempts an ordered message is skipped only for a dead letter (see on_message).
+        give_up_after = state.options.max_attempts if self.answers.dead is not None else 0
         workers = self.workers
         idle = workers.idle
         for _, start, end in spans:
@@ -206,6 +208,8 @@ class Intake:
                 checker.last_offset = offset
             if state.stopping:  # a handler of this read stopped the consumer
                 self.answers.give_back(msg)
+            elif give_up_after and attempts > give_up_after:
+                self.answers.give_up(msg)
             elif not idle.run_as_worker(workers.handle_now, msg):
                 workers.queue.append(msg)
                 workers.wake(eager=True)
@@ -234,7 +238,12 @@ class Intake:
         if state.stopping:
             answers.give_back(msg)
             return False
-        if options.max_attempts and msg.attempts > options.max_attempts and not sub.ordered:
+        # On an ordered partition skipping a message breaks the order: only for a dead letter.
+        if (
+            options.max_attempts
+            and msg.attempts > options.max_attempts
+            and (not sub.ordered or answers.dead is not None)
+        ):
             answers.give_up(msg)
             return False
         if msg.ext is not None and maybe_compressed(msg.ext) and (failed := unpack(msg)):

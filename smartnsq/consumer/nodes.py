@@ -207,6 +207,7 @@ class Nodes:
         def on_async_error(err: ServerError) -> None:
             if not err.fatal:  # a fatal one ends the connection: the loop below logs it once
                 once(err)
+                self.answers.refused_by_nsqd(err)
 
         conn.on_async_error = on_async_error
         # This task reads; SUB is sent from a short-lived one beside it. A task (and task

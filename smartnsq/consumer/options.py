@@ -40,6 +40,25 @@ def is_async_handler(fn: Callable[..., Any]) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
+#: ``on_giving_up``: called with the message, and the reason when it takes two arguments.
+GivingUp = Callable[[Message], Any] | Callable[[Message, Exception | None], Any]
+
+
+def takes_reason(fn: Callable[..., Any]) -> bool:
+    """Whether an ``on_giving_up`` callback takes a second argument, the reason."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins): one argument
+        return False
+    positional = 0
+    for p in params:
+        if p.kind is p.VAR_POSITIONAL:
+            return True
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            positional += 1
+    return positional >= 2
+
+
 @dataclass
 class Options:
     """Every argument of :class:`smartnsq.Consumer`, checked on creation; derived values
@@ -67,7 +86,7 @@ class Options:
     auto_touch: bool = False
     msg_timeout: float | None = None
     heartbeat_interval: float = 30.0
-    on_giving_up: Callable[[Message], Any] | None = None
+    on_giving_up: GivingUp | None = None
     tls: ssl.SSLContext | bool = False
     tls_hostname: str | None = None
     snappy: bool = False
@@ -158,6 +177,7 @@ class Options:
             raise InvalidArgument("concurrency must be >= 1")
         if self.on_giving_up is not None and not callable(self.on_giving_up):
             raise InvalidType("on_giving_up must be callable")
+        self.giving_up_reason = self.on_giving_up is not None and takes_reason(self.on_giving_up)
         self.async_handler = self.handler is not None and is_async_handler(self.handler)
         self.reconnect_max = max(self.reconnect_max, self.reconnect_min)
         self.workers = self.concurrency or max(1, min(self.max_in_flight, 100))

@@ -108,5 +108,6 @@ class LookupFailed(NSQError):
 
 
 class TopicNotFound(NSQError):
-    """No lookupd knows the topic (a lookup answered 404): a publish through lookupd raises it
-    until the topic exists."""
+    """No lookupd knows the topic (a lookup answered 404). On the Youzan fork, where an
+    operator creates topics, a publish through lookupd raises it until the topic exists (on a
+    classic cluster it goes to one of the nsqd lookupd knows, which creates the topic)."""

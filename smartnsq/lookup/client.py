@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -18,6 +19,7 @@ from smartnsq.lookup.model import (
     parse_listlookup,
     parse_lookup,
     parse_nodes,
+    parse_nsqds,
     too_many_nodes,
     valid_host,
 )
@@ -141,6 +143,34 @@ async def fetch_nodes(
 ) -> dict[str, tuple[Node, ...]]:
     """``GET /nodes`` on one classic lookupd: every topic's nsqd (see
     :func:`~smartnsq.lookup.model.parse_nodes`). Failures raise :class:`LookupFailed`."""
+    body = await _fetch_nodes(client, base_url, timeout, max_response_size)
+    try:
+        return parse_nodes(body, skipped)
+    except ProtocolError as exc:
+        raise LookupFailed(f"lookupd {base_url} sent an unusable answer: {exc!s:.200}") from exc
+
+
+async def fetch_nsqds(
+    client: HttpClient,
+    base_url: str,
+    *,
+    timeout: float | None = None,
+    max_response_size: int = MAX_RESPONSE_SIZE,
+    skipped: list[Skipped] | None = None,
+) -> tuple[Node, ...]:
+    """``GET /nodes`` on one classic lookupd: every nsqd it knows, whatever its topics (see
+    :func:`~smartnsq.lookup.model.parse_nsqds`). Failures raise :class:`LookupFailed`."""
+    body = await _fetch_nodes(client, base_url, timeout, max_response_size)
+    try:
+        return parse_nsqds(body, skipped)
+    except ProtocolError as exc:
+        raise LookupFailed(f"lookupd {base_url} sent an unusable answer: {exc!s:.200}") from exc
+
+
+async def _fetch_nodes(
+    client: HttpClient, base_url: str, timeout: float | None, max_response_size: int
+) -> Any:
+    """The decoded body of a ``/nodes`` answer."""
     status, body = await fetch(
         client, base_url, "/nodes", timeout=timeout, max_response_size=max_response_size
     )
@@ -157,8 +187,8 @@ async def fetch_nodes(
             f"{MAX_NODES} nsqd"
         )
     try:
-        return parse_nodes(loads(body), skipped)
-    except (ValueError, RecursionError, ProtocolError) as exc:
+        return loads(body)
+    except (ValueError, RecursionError) as exc:
         raise LookupFailed(f"lookupd {base_url} sent an unusable answer: {exc!s:.200}") from exc
 
 

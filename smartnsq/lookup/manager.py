@@ -14,6 +14,9 @@
   :class:`LookupFailed` or :class:`TopicNotFound` reach the caller.
 * Bad entries in an answer (a producer without a valid port, say) are skipped and the rest
   is used; each kind of problem is logged once per lookupd.
+* A producer's lookup (``"w"``) of a topic no classic lookupd knows yet answers with every
+  nsqd those lookupds know (``/nodes``): classic nsqd creates a topic on its first PUB. On
+  the Youzan fork, where an operator creates topics, it raises :class:`TopicNotFound`.
 * :meth:`LookupManager.refresh` is what producers and consumers call on cluster errors:
   concurrent callers share one request, and a topic is re-queried at most once per
   ``min_refresh_interval``, so a burst of errors makes one request, not hundreds.
@@ -41,10 +44,15 @@ from smartnsq.lookup.client import (
     fetch_listlookup,
     fetch_lookup,
     fetch_nodes,
+    fetch_nsqds,
 )
 from smartnsq.lookup.model import Node, Skipped, TopicLayout, TopicMeta
 
 _T = TypeVar("_T")
+
+# How long "every nsqd" stands for a topic no lookupd knows: once nsqd has created it, it
+# registers it with lookupd at once, and its real layout is used from the next lookup on.
+NEW_TOPIC_TTL = 5.0
 
 log = logging.getLogger("smartnsq.lookup")
 
@@ -111,6 +119,7 @@ class LookupManager:
         self._leader: str | None = None
         self._listed_at = -float("inf")
         self._no_listlookup: set[str] = set()  # lookupds that answered 404 to /listlookup
+        self.fork = False  # a lookupd answered /listlookup: the Youzan fork
         self._no_nodes: set[str] = set()  # lookupds that refused /nodes
         self._health: dict[str, _Health] = {}
         # (topic, access) -> (fetched at, expires at, layout)
@@ -191,6 +200,7 @@ class LookupManager:
                 self._no_listlookup.add(seed)  # classic: its own cluster; never ask again
                 return [], None
             self._report(seed, skipped)
+            self.fork = True
             return listed
 
         answers, _ = await self._ask(self.seeds, ask, lambda _: True)
@@ -276,7 +286,8 @@ class LookupManager:
         """Ask the lookupds about ``topic``, merge their answers and cache the result.
 
         ``access`` is ``"r"`` (consumers) or ``"w"`` (producers). For ``"w"`` a topic no
-        lookupd knows raises :class:`TopicNotFound`; for ``"r"`` it is an empty layout.
+        lookupd knows is every nsqd the (classic) lookupds know, where nsqd creates it, or
+        :class:`TopicNotFound` (the fork); for ``"r"`` it is an empty layout.
         """
         await self.discover()
         candidates = self._candidates()
@@ -306,27 +317,64 @@ class LookupManager:
             lambda layout: layout is not None and bool(layout.producers or layout.partitions),
         )
         answers = [(url, layout) for url, layout in results if layout is not None]
-        missing = len(results) - len(answers)
+        missing = [url for url, layout in results if layout is None]
+        ttl = self.cache_ttl
         if not answers:
             if missing:
                 if access == "w":
-                    raise TopicNotFound(
-                        f"topic {topic!r} does not exist (or has no channel yet) according to "
-                        f"{missing} lookupd(s)"
-                    )
-                layout = TopicLayout()
+                    layout = await self._new_topic(topic, missing)
+                    ttl = min(ttl, NEW_TOPIC_TTL)
+                else:
+                    layout = TopicLayout()
             else:
                 raise LookupFailed(f"no lookupd answered for topic {topic!r}: {'; '.join(errors)}")
         else:
             layout = self._merge(answers)
         now = time.monotonic()
         j = self.cache_jitter
-        self._cache[(topic, access)] = (
-            now,
-            now + self.cache_ttl * random.uniform(1 - j, 1 + j),
-            layout,
-        )
+        self._cache[(topic, access)] = (now, now + ttl * random.uniform(1 - j, 1 + j), layout)
         return layout
+
+    async def _new_topic(self, topic: str, missing: list[str]) -> TopicLayout:
+        """Where a producer may publish ``topic``, which the lookupds in ``missing`` do not
+        know: every nsqd they know when all are classic (nsqd creates a topic on its first
+        PUB); on the Youzan fork (or when a lookupd cannot list its nsqd) the topic must be
+        created first: :class:`TopicNotFound`."""
+        not_found = (
+            f"topic {topic!r} does not exist (or has no channel yet) according to "
+            f"{len(missing)} lookupd(s)"
+        )
+        classic = [u for u in missing if u in self._no_listlookup and u not in self._no_nodes]
+        if len(classic) < len(missing):
+            raise TopicNotFound(f"{not_found}; create it first")
+
+        async def ask(url: str) -> tuple[Node, ...]:
+            skipped: list[Skipped] = []
+            try:
+                found = await fetch_nsqds(
+                    self.client,
+                    url,
+                    timeout=self.timeout,
+                    max_response_size=self.max_response_size,
+                    skipped=skipped,
+                )
+            except NoNodes:
+                self._no_nodes.add(url)
+                return ()
+            self._report(url, skipped)
+            self._succeeded(url)
+            return found
+
+        results, errors = await self._ask(classic, ask, bool)
+        nodes: dict[Node, None] = {}
+        for _, found in results:
+            nodes.update(dict.fromkeys(found))
+        if not nodes:
+            why = "; ".join(errors) or "they list no nsqd"
+            raise TopicNotFound(f"{not_found}, and no nsqd to create it on was found: {why}")
+        log.debug("topic %r is new: publishing to one of the %d nsqd lookupd knows", topic,
+                  len(nodes))  # fmt: skip
+        return TopicLayout(tuple(nodes))
 
     def _candidates(self) -> list[str]:
         now = time.monotonic()

@@ -264,6 +264,21 @@ def parse_nodes(body: Any, skipped: list[Skipped] | None = None) -> dict[str, tu
     return {topic: tuple(nodes) for topic, nodes in found.items()}
 
 
+def parse_nsqds(body: Any, skipped: list[Skipped] | None = None) -> tuple[Node, ...]:
+    """Parse a classic ``/nodes`` answer into every nsqd it lists, whatever its topics: where
+    a topic that does not exist yet can be created (nsqd creates it on its first PUB)."""
+    _, producers = _producers(body)
+    if len(producers) > MAX_NODES:
+        raise ProtocolError(f"lookupd answer lists more than {MAX_NODES} nsqd")
+    found: dict[Node, None] = {}
+    for raw in producers:
+        try:
+            found[_node(raw)] = None
+        except _BadEntry as exc:
+            _skip(skipped, f"producer {exc.problem}", raw)
+    return tuple(found)
+
+
 def parse_listlookup(
     body: Any, skipped: list[Skipped] | None = None
 ) -> tuple[list[str], str | None]:

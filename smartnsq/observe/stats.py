@@ -83,8 +83,8 @@ class ConsumerStats:
 
     Attributes:
         received: Messages received.
-        finished: Messages finished (FIN written).
-        requeued: Messages requeued (REQ written).
+        finished: Messages finished (FIN written, and not refused by nsqd).
+        requeued: Messages requeued (REQ written, and not refused by nsqd).
         discarded: Messages given up on after ``max_attempts``.
         connections: Subscribed connections now.
         in_flight: Messages received and not answered yet.
@@ -92,6 +92,9 @@ class ConsumerStats:
         nodes: Per subscribed connection, keyed by nsqd address (``"address/partition"``
             for a Youzan partition); counts of a connection start again when it is
             replaced.
+        refused: FINs and REQs nsqd refused (``E_FIN_FAILED``, ``E_REQ_FAILED``: the
+            message was no longer in flight, say it had timed out and nsqd delivers it
+            again); not counted in ``finished`` or ``requeued``.
     """
 
     received: int
@@ -102,6 +105,7 @@ class ConsumerStats:
     in_flight: int
     backoff_level: int
     nodes: Mapping[str, ConsumerNodeStats]
+    refused: int = 0
 
 
 def node_key(address: str, partition: int | None) -> str:
@@ -124,6 +128,7 @@ def consumer_stats(
     discarded: int,
     backoff_level: int,
     readers: Sequence[_Reader],
+    refused: int = 0,
 ) -> ConsumerStats:
     """A consumer's snapshot from its counters and its subscribed connections."""
     nodes = {
@@ -141,4 +146,5 @@ def consumer_stats(
         in_flight=sum(n.in_flight for n in nodes.values()),
         backoff_level=backoff_level,
         nodes=nodes,
+        refused=refused,
     )

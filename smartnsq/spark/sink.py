@@ -121,8 +121,8 @@ class _Writer:
         key = _pool_key(self.settings)
         producer = loop.producer(key, self.settings.client_kwargs())
         plain = not any(c in self.columns for c in _ROUTED)
-        rows = size = 0
-        pending: list[Future[None]] = []
+        rows = size = acked = 0
+        pending: list[tuple[Future[None], int]] = []  # a batch being published, its rows
         portal = loop.loop().portal
         try:
             for batch in batches:
@@ -134,19 +134,24 @@ class _Writer:
                 # Plain rows carry no order; the next batch is converted while this one is
                 # published. Keyed rows wait, so that one key's messages stay in order.
                 while pending and (len(pending) >= 2 or not plain):
-                    pending.pop(0).result()
-                pending.append(
-                    portal.start_task_soon(
-                        _publish, producer, groups, plain, self.settings.batch_size
-                    )
+                    acked += _wait(pending.pop(0))
+                future = portal.start_task_soon(
+                    _publish, producer, groups, plain, self.settings.batch_size
                 )
-            for fut in pending:
-                fut.result()
-        except Exception:
+                pending.append((future, batch.num_rows))
+            while pending:
+                acked += _wait(pending.pop(0))
+        except Exception as exc:
             loop.discard(key)  # start the next task with fresh connections
+            # The driver hears nothing else from a failed task: its error says what it left
+            # in nsqd.
+            exc.add_note(
+                f"nsq sink: nsqd acknowledged at least {acked} rows of this task before it "
+                "failed; they stay published (a retry publishes them again)"
+            )
             raise
         finally:
-            for fut in pending:
+            for fut, _ in pending:
                 fut.cancel()
         return Published(
             partition_id=ctx.partitionId() if ctx else 0,
@@ -222,10 +227,19 @@ class _Writer:
         done = [m for m in messages if isinstance(m, Published)]
         text = (
             f"nsq sink: {what} failed; {sum(m.rows for m in done)} messages of {len(done)} "
-            "finished tasks were already published (NSQ cannot take them back)"
+            "finished tasks were already published, and the failed tasks may have published "
+            "some of their rows too: the driver cannot count those, each failed task's error "
+            "says how many nsqd acknowledged (NSQ cannot take them back)"
         )
         log.warning("%s", text)
         warn_unheard(log, "spark-abort", text)
+
+
+def _wait(item: tuple[Future[None], int]) -> int:
+    """Wait for a batch's publish; its row count once nsqd acknowledged them all."""
+    future, rows = item
+    future.result()
+    return rows
 
 
 def _topic(value: str | None) -> str:

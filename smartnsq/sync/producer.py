@@ -60,10 +60,14 @@ class Producer(SyncPublisher[_Node]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
         """Wait (briefly) for outstanding answers, then close every connection.
 
         ``with`` calls it on exit; calling it again does nothing.
+
+        Args:
+            timeout: Seconds each connection waits for its outstanding answers, default
+                5.0; 0 closes at once.
         """
         if self._closed:
             return
@@ -71,7 +75,7 @@ class Producer(SyncPublisher[_Node]):
         self._open = False
         for node in list(self._by_address.values()):
             for conn in list(node.connections):
-                conn.close()
+                conn.close(timeout)
 
     # -- the publisher's hooks -------------------------------------------------------------------
 

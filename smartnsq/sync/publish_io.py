@@ -171,6 +171,9 @@ class SyncPublisher(ProducerCore[N]):
             NotSupported: ``delay`` on a Youzan nsqd, or ``partition`` on a classic one;
                 nothing was sent.
             NoNsqdAvailable: No nsqd could take the message (all down, or none listed).
+            TopicNotFound: With ``lookupd_http_addresses`` on the Youzan fork: no lookupd
+                knows the topic (an operator creates topics there). On a classic cluster a
+                new topic goes to one of the nsqd the lookupds know, which creates it.
             ServerError: nsqd refused the message and a retry cannot help (or the retries
                 ran out).
             ConnectionClosed: The connection failed and the retries ran out.
@@ -254,6 +257,7 @@ class SyncPublisher(ProducerCore[N]):
             InvalidType: An argument of the wrong type (a single body instead of a list);
                 nothing was sent.
             NoNsqdAvailable: No nsqd could take the batch.
+            TopicNotFound: As for [`publish`][smartnsq.Producer.publish].
             ServerError: nsqd refused the first batch and a retry cannot help.
             ConnectionClosed: The connection failed and the retries ran out.
         """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -10,7 +11,7 @@ import time
 import pytest
 
 from tests.cli.clihelp import LineReader, lines_of, run_cli, spawn_cli, wait_exit
-from tests.helpers import topic_stats, unique, wait_for
+from tests.helpers import channel_stats, create_channel, topic_stats, unique, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -98,3 +99,44 @@ def test_rate_caps_messages_per_second(classic_cluster):
     assert _message_count(nsqd.http, topic) == 11
     # 11 messages at 20/s: the last one may go 0.5 s after the first, not sooner.
     assert elapsed >= 0.5
+
+
+def _left_in(nsqd_http: str, topic: str, channel: str) -> int | None:
+    c = channel_stats(nsqd_http, topic, channel)
+    if c is None or c["in_flight_count"]:
+        return None
+    return int(c["depth"] + c["deferred_count"])
+
+
+def test_tail_to_a_full_disk_stops_with_one_line_and_gives_every_message_back(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("cli_tail_full")
+    create_channel(nsqd.http, topic, "keep")
+    assert run_cli("pub", "--nsqd", nsqd.tcp, topic, input=lines_of(*"abcdefghij")).returncode == 0
+    with open("/dev/full", "wb") as full:  # every write fails: No space left on device
+        tail = spawn_cli("tail", "--nsqd", nsqd.tcp, "--channel", "keep", topic, stdout=full)
+        status = wait_exit(tail, timeout=20)
+    err = tail.stderr.read().decode()  # type: ignore[union-attr]
+    assert status == 1, err
+    assert err == "smartnsq tail: error: cannot write to stdout: No space left on device\n"
+    # Not one message given up or finished unprinted: all ten are back in the channel.
+    assert wait_for(lambda: _left_in(nsqd.http, topic, "keep") == 10, what="all back")
+
+
+def test_tail_into_a_reader_that_goes_away_ends_with_0_and_keeps_the_rest(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("cli_tail_head")
+    create_channel(nsqd.http, topic, "keep")
+    bodies = [f"m{i:03d}-" + "x" * 1000 for i in range(500)]  # more than a pipe holds
+    assert run_cli("pub", "--nsqd", nsqd.tcp, topic, input=lines_of(*bodies)).returncode == 0
+    read, write = os.pipe()
+    tail = spawn_cli("tail", "--nsqd", nsqd.tcp, "--channel", "keep", topic, stdout=write)
+    os.close(write)
+    with os.fdopen(read, "rb") as reader:
+        first = reader.readline()  # then the reader goes, like '| head -n 1'
+    assert first.startswith(b"m") and first.endswith(b"x\n")
+    status = wait_exit(tail, timeout=20)
+    err = tail.stderr.read().decode()  # type: ignore[union-attr]
+    assert status == 0 and err == "", err
+    left = wait_for(lambda: _left_in(nsqd.http, topic, "keep"), what="nothing in flight")
+    assert 0 < left < len(bodies)  # what was not printed stays (some went into the pipe)

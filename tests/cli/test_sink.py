@@ -92,3 +92,22 @@ async def test_lines_wait_for_the_sync_of_their_group(tmp_path, anyio_backend):
         tg.cancel_scope.cancel()
     await sink.close()
     assert sorted(done) == [b"1", b"2", b"3"] and sink.written == 3
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["plain", "gzip"])
+async def test_abort_cuts_files_back_to_their_last_synced_line(tmp_path, anyio_backend, compress):
+    sink = Sink(str(tmp_path), "t", pattern="{topic}.log", compress=compress, group_size=1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sink.run_syncer, 0.01)
+        await sink.append(b"synced")
+        tg.cancel_scope.cancel()
+    f = sink.current
+    assert f is not None
+    f.write(b"flushed, not synced\n")
+    f.flush()
+    f.write(b"buffered")  # a partial line, never flushed
+    sink.abort()
+    (path,) = tmp_path.iterdir()
+    data = path.read_bytes()
+    assert (gzip.decompress(data) if compress else data) == b"synced\n"
+    assert sink.closed == [f] and f.raw.closed

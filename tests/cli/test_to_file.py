@@ -58,7 +58,7 @@ def test_sigterm_mid_stream_and_rotation_keep_every_message_exactly_once(classic
     # Stop it while it is busy: some lines written, many messages still to come.
     wait_for(lambda: out.exists() and len(_lines(out)) >= 300, what="300 lines on disk")
     first.send_signal(signal.SIGTERM)
-    assert wait_exit(first) == 0, first.stderr.read()  # type: ignore[union-attr]
+    assert wait_exit(first) == 143, first.stderr.read()  # type: ignore[union-attr]
     written = _lines(out)
     assert len(written) < len(bodies), "stopped too late to test a stop mid-stream"
     assert len(set(written)) == len(written)
@@ -70,7 +70,7 @@ def test_sigterm_mid_stream_and_rotation_keep_every_message_exactly_once(classic
     wait_for(lambda: len(_lines(out)) >= len(bodies), timeout=60, what="every line on disk")
     wait_for(lambda: (_settled(nsqd.http, topic) or {}).get("depth") == 0, what="all FINed")
     second.send_signal(signal.SIGTERM)
-    assert wait_exit(second) == 0, second.stderr.read()  # type: ignore[union-attr]
+    assert wait_exit(second) == 143, second.stderr.read()  # type: ignore[union-attr]
     summary = json.loads(second.stdout.read())  # type: ignore[union-attr]
     assert summary["written"] == len(bodies) - len(written)
 
@@ -96,7 +96,7 @@ def test_gzip_files_hold_every_message_after_sigterm(classic_cluster, tmp_path):
     # FINed means fsynced: the lines are readable before the file is closed.
     assert len(_lines(out)) == len(bodies)
     proc.send_signal(signal.SIGTERM)
-    assert wait_exit(proc) == 0, proc.stderr.read()  # type: ignore[union-attr]
+    assert wait_exit(proc) == 143, proc.stderr.read()  # type: ignore[union-attr]
     (path,) = out.iterdir()
     assert path.name.startswith(f"{topic}-") and path.name.endswith(".txt.gz")
     # Closed properly: a complete gzip file with its trailer.

@@ -41,7 +41,7 @@ def _all_finished(nsqd_http: str, topic: str) -> bool:
 
 def _stop(proc) -> dict:
     proc.send_signal(signal.SIGTERM)
-    assert wait_exit(proc) == 0, proc.stderr.read()
+    assert wait_exit(proc) == 143, proc.stderr.read()
     return json.loads(proc.stdout.read())
 
 
@@ -168,7 +168,7 @@ def test_to_file_reports_a_missing_topic_and_passes_consumer_options(classic_clu
     clients = channel_stats(nsqd.http, topic, CHANNEL)["clients"]
     assert [c["client_id"] for c in clients] == ["archiver-7"]
     proc.send_signal(signal.SIGTERM)
-    assert wait_exit(proc) == 0
+    assert wait_exit(proc) == 143
     assert json.loads(proc.stdout.read())["written"] == 1  # type: ignore[union-attr]
     assert (topic_stats(nsqd.http, topic) or {})["message_count"] == 1
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 
@@ -165,3 +166,77 @@ def test_to_nsq_keeps_headers_and_trace_ids_on_youzan_ext_topics(youzan_cluster)
     assert [r["body"] for r in records] == ["m0", "m1", "m2"]
     assert [r["headers"].get("order") for r in records] == ["0", "1", "2"]
     assert [r["trace_id"] for r in records] == [1000, 1001, 1002]
+
+
+def _inversions(records: list[dict]) -> dict[str, int]:
+    """Per key: copies that came after a later message of the same key, by destination
+    (partition, offset)."""
+    by_key: dict[str, list[tuple[int, int, int]]] = {}
+    for r in records:
+        h = r["headers"]
+        by_key.setdefault(h["key"], []).append((r["partition"], r["offset"], int(h["seq"])))
+    out = {}
+    for key, rows in by_key.items():
+        seqs = [seq for _, _, seq in sorted(rows)]
+        out[key] = sum(1 for a, b in itertools.pairwise(seqs) if b < a)
+    return out
+
+
+@pytest.mark.parametrize(
+    "route", [["--key-header", "key"], ["--same-partition"]], ids=["key-header", "same-partition"]
+)
+def test_to_nsq_by_key_keeps_each_keys_order(youzan_cluster, route):
+    src, dst = unique("cli_yzkeysrc"), unique("cli_yzkeydst")
+    create_topic(youzan_cluster, src, partitions=2, replicas=1, ext=True, channel="copy")
+    create_topic(
+        youzan_cluster, dst, partitions=2, replicas=1, ext=True, ordered=True, channel="ch"
+    )
+    lookupd = [d.http for d in youzan_cluster.lookupd]
+    keys = [f"k{i}" for i in range(6)]
+    per_key = 40
+
+    async def publish() -> None:
+        async with Producer(lookupd_http_addresses=lookupd) as producer:
+            for seq in range(per_key):
+                for key in keys:
+                    body = f"{key}-{seq}".encode()
+                    headers = {"key": key, "seq": str(seq)}
+                    await producer.publish(src, body, sharding_key=key, headers=headers)
+
+    anyio.run(publish)
+    total = per_key * len(keys)
+    copy = run_cli(
+        "to-nsq", src, *addresses(youzan_cluster), "--channel", "copy", "--to", dst,
+        *route, "--limit", str(total), "--json", timeout=120,
+    )  # fmt: skip
+    assert copy.returncode == 0, copy.stderr
+    assert json.loads(copy.stdout)["published"] == total
+    tail = run_cli(
+        "tail", *addresses(youzan_cluster), "--channel", "ch", "-n", str(total), "--json",
+        "--show-meta", dst, timeout=120,
+    )  # fmt: skip
+    assert tail.returncode == 0, tail.stderr
+    records = [json.loads(x) for x in tail.stdout.splitlines()]
+    assert Counter(r["headers"]["key"] for r in records) == dict.fromkeys(keys, per_key)
+    assert _inversions(records) == dict.fromkeys(keys, 0)
+
+
+def test_to_nsq_to_a_topic_missing_on_the_fork_ends_at_once(youzan_cluster):
+    src, dst = unique("cli_yzmsrc"), unique("cli_yzmissing")
+    create_topic(youzan_cluster, src, partitions=1, replicas=1, channel="copy")
+    lookupd = [d.http for d in youzan_cluster.lookupd]
+
+    async def publish() -> None:
+        async with Producer(lookupd_http_addresses=lookupd) as producer:
+            await producer.publish_many(src, [b"a", b"b", b"c"])
+
+    anyio.run(publish)
+    copy = run_cli(
+        "to-nsq", src, *addresses(youzan_cluster), "--channel", "copy", "--to", dst, "--json",
+        timeout=30,
+    )  # fmt: skip
+    assert copy.returncode == 1, copy.stderr
+    err = copy.stderr.decode()
+    assert dst in err and "does not exist" in err, err
+    summary = json.loads(copy.stdout)
+    assert summary["published"] == 0 and summary["status"] == "failed"

@@ -1021,3 +1021,41 @@ async def test_producers_are_the_union_of_every_lookupd_answer(cluster_factory, 
     ) as c:
         await wait_until(lambda: c.stats().connections == 2, 10, "connections to both nsqd")
         await wait_until(lambda: got == set(expected), 20, "every message from both nsqd")
+
+
+@asyncio_only
+async def test_stats_count_what_nsqd_accepted(classic_cluster, anyio_backend):
+    """A FIN or REQ nsqd refuses (the message had timed out) is counted as refused, not as
+    finished or requeued."""
+    nsqd = classic_cluster.nsqd[0]
+    topic, ch = unique("refused"), "c"
+    create_channel(nsqd.http, topic, ch)
+    held: list[Any] = []
+    again: list[Any] = []
+
+    async def handler(message):
+        if message.attempts == 1:
+            message.disable_auto_response()
+            held.append(message)
+        else:
+            again.append(message)
+
+    async with Consumer(
+        topic, ch, handler, nsqd_tcp_addresses=[nsqd.tcp], max_in_flight=2, msg_timeout=1
+    ) as c:
+        await publish(nsqd.tcp, topic, [b"a", b"b"])
+        await wait_until(lambda: len(held) == 2, 10, "both delivered")
+        c.set_max_in_flight(0)
+        await wait_until(
+            lambda: (s := chan(nsqd.http, topic, ch)) and s["timeout_count"] == 2, 10, "timeouts"
+        )
+        held[0].finish()
+        held[1].requeue(0)
+        await wait_until(lambda: c.stats().refused == 2, 10, "nsqd's refusals")
+        stats = c.stats()
+        assert (stats.finished, stats.requeued) == (0, 0)
+        c.set_max_in_flight(2)
+        await wait_until(lambda: drained(nsqd.http, topic, ch), 10, "the redeliveries finished")
+        assert len(again) == 2
+        stats = c.stats()
+        assert (stats.finished, stats.requeued, stats.refused) == (2, 0, 2)

@@ -16,7 +16,15 @@ from smartnsq import Consumer, Message, Producer
 from smartnsq import sync as nsq_sync
 from smartnsq.errors import InvalidArgument
 from smartnsq.lag import channel_lag
-from tests.helpers import channel_stats, create_channel, lookupds, unique, wait_for, wait_until
+from tests.helpers import (
+    channel_stats,
+    create_channel,
+    lookupds,
+    topic_stats,
+    unique,
+    wait_for,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration]
 
@@ -139,7 +147,9 @@ async def test_nothing_is_lost_while_the_dead_letter_nsqd_is_down(
     create_channel(sink.http, dead, "d")  # the dead-letter topic lives on the other nsqd
     async with Producer([source.tcp]) as producer:
         await producer.publish_many(topic, [b"m%d" % i for i in range(N)])
-    cluster.kill_nsqd(1, signal=signal.SIGKILL)
+    # SIGTERM: nsqd saves its topics and channels in the background, so one SIGKILLed right
+    # after the channel was created may come back without it.
+    cluster.kill_nsqd(1, signal=signal.SIGTERM)
     caplog.set_level(logging.WARNING, "smartnsq.consumer")
     async with giving_up_at_once(cluster, topic, dead):
         await wait_until(lambda: failed_copies(caplog) >= 2 * N, 30, "failed copies")
@@ -230,3 +240,266 @@ async def test_youzan_nothing_is_lost_while_the_dead_letter_leader_is_down(
                     break
     assert sorted(got) == bodies  # none lost, bodies unchanged
     assert all(h["smartnsq.dead.topic"] == topic for h in got.values())
+
+
+def in_flight(http: str, topic: str, channel: str) -> int:
+    return int((channel_stats(http, topic, channel) or {}).get("in_flight_count") or 0)
+
+
+def poison_first(handled: list[bytes]) -> Any:
+    """A handler that fails for b"poison" only, and records what it handled."""
+
+    async def handle(message: Message) -> None:
+        if message.body == b"poison":
+            raise ValueError("cannot handle the poison")
+        handled.append(message.body)
+
+    return handle
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_failing_copy_does_not_stall_healthy_messages(
+    cluster_factory, anyio_backend, caplog
+):
+    # The most common deployment: lookupd only, with backoff. The dead-letter topic's only
+    # nsqd is gone (lookupd still knows the topic): each copy fails for a transient reason.
+    cluster = cluster_factory("classic", nsqd=2)
+    source, sink = cluster.nsqd
+    topic, dead = unique("dl"), unique("dl_dead")
+    create_channel(source.http, topic, "c")
+    create_channel(sink.http, dead, "d")
+    cluster.kill_nsqd(1, signal=signal.SIGKILL)
+    handled: list[bytes] = []
+    caplog.set_level(logging.WARNING, "smartnsq.consumer")
+    async with Producer([source.tcp]) as producer, Consumer(
+        topic, "c", poison_first(handled), lookupd_http_addresses=lookupds(cluster),
+        max_in_flight=4, max_attempts=1, requeue_delay=0, dead_letter_topic=dead,
+    ) as consumer:  # fmt: skip
+        await producer.publish(topic, b"poison")
+        await wait_until(lambda: failed_copies(caplog) >= 1, 30, "a failed copy")
+        healthy = [b"h%d" % i for i in range(8)]
+        await producer.publish_many(topic, healthy)
+        await wait_until(lambda: len(handled) == 8, 10, "the healthy messages")
+        await wait_until(lambda: failed_copies(caplog) >= 3, 30, "more failed copies")
+        assert consumer.stats().backoff_level == 0  # a failed copy is no handler failure
+        assert consumer.stats().discarded == 0
+        assert depth(source.http, topic, "c") == 1  # the poison, still kept
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_copy_the_dead_letter_nsqd_refuses_for_good_is_given_up(
+    cluster_factory, anyio_backend, caplog
+):
+    # The dead-letter topic lives on an nsqd whose --max-msg-size is smaller than the message:
+    # E_BAD_MESSAGE will not change with retries.
+    cluster = cluster_factory("classic", nsqd=1)
+    source = cluster.nsqd[0]
+    sink = cluster.add_nsqd(["--max-msg-size=100"])
+    topic, dead = unique("dl"), unique("dl_dead")
+    create_channel(source.http, topic, "c")
+    create_channel(sink.http, dead, "d")
+    given_up: list[tuple[bytes, BaseException | None]] = []
+    caplog.set_level(logging.WARNING, "smartnsq")
+    async with Producer([source.tcp]) as producer:
+        await producer.publish(topic, b"x" * 200)
+    async with Consumer(
+        topic, "c", failing("async", []), lookupd_http_addresses=lookupds(cluster),
+        max_attempts=1, requeue_delay=0, backoff=False, dead_letter_topic=dead,
+        on_giving_up=lambda m, reason: given_up.append((m.body, reason)),
+    ) as consumer:  # fmt: skip
+        await wait_until(lambda: given_up, 20, "the give-up")
+        await wait_until(lambda: depth(source.http, topic, "c") == 0, 10, "an empty channel")
+        assert consumer.stats().discarded == 1
+    [(body, reason)] = given_up
+    assert body == b"x" * 200 and "E_BAD_MESSAGE" in str(reason)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "E_BAD_MESSAGE" in errors[0].getMessage()
+    assert failed_copies(caplog) == 0  # not retried
+    assert depth(sink.http, dead, "d") == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("slow_for", [1.5, 8.0])
+async def test_a_graceful_stop_leaves_no_copy_in_flight(cluster_factory, anyio_backend, slow_for):
+    # The dead-letter nsqd is stopped (SIGSTOP) while copies are pending: the stop waits for
+    # them within its timeout (2 s here), and what is still pending then is requeued.
+    cluster = cluster_factory("classic", nsqd=2)
+    source, sink = cluster.nsqd
+    topic, dead = unique("dl"), unique("dl_dead")
+    create_channel(source.http, topic, "c")
+    create_channel(sink.http, dead, "d")
+    async with Producer([source.tcp]) as producer:
+        await producer.publish_many(topic, [b"m%d" % i for i in range(N)])
+    consumer = giving_up_at_once(cluster, topic, dead)
+    sink.signal(signal.SIGSTOP)
+    try:
+        async with consumer:
+            await wait_until(lambda: consumer.stats().received >= 2 * N, 10, "the give-ups")
+            with anyio.CancelScope() as resume:
+                async with anyio.create_task_group() as tg:
+
+                    async def cont() -> None:
+                        await anyio.sleep(slow_for)  # how long the fault lasts
+                        sink.signal(signal.SIGCONT)
+
+                    tg.start_soon(cont)
+                    started = anyio.current_time()
+                    await consumer.stop(timeout=2.0)
+                    took = anyio.current_time() - started
+                    if slow_for > 2.0:
+                        assert 2.0 <= took < 4.0  # waited for the copies, then gave them back
+                        assert in_flight(source.http, topic, "c") == 0  # nothing left in flight
+                    resume.cancel()
+    finally:
+        sink.signal(signal.SIGCONT)
+    if slow_for < 2.0:
+        assert 1.0 <= took < 2.0  # waited for the copies
+        assert depth(source.http, topic, "c") == 0  # each finished once copied
+        assert depth(sink.http, dead, "d") == N
+    else:
+        assert in_flight(source.http, topic, "c") == 0
+        await wait_until(lambda: depth(source.http, topic, "c") == N, 5, "requeued originals")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_youzan_ordered_partition_dead_letters_the_poison_and_moves_on(
+    youzan_cluster, anyio_backend, kind
+):
+    topic, dead = unique("dlo"), unique("dlo_dead")
+    create_topic(youzan_cluster, topic, partitions=1, replicas=1, ordered=True, channel="c")
+    create_topic(youzan_cluster, dead, partitions=1, replicas=1, channel="d")
+    bodies = [b"poison"] + [b"h%d" % i for i in range(4)]
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        for body in bodies:
+            await producer.publish(topic, body, sharding_key="k")
+    handled: list[bytes] = []
+    attempts: list[int] = []
+    given_up: list[bytes] = []
+
+    def handle_sync(message: Message) -> None:
+        if message.body == b"poison":
+            attempts.append(message.attempts)
+            raise ValueError("cannot handle the poison")
+        handled.append(message.body)
+
+    async def handle(message: Message) -> None:
+        handle_sync(message)
+
+    async with Consumer(
+        topic, "c", handle if kind == "async" else handle_sync,
+        lookupd_http_addresses=lookupds(youzan_cluster),
+        max_attempts=3, requeue_delay=0, dead_letter_topic=dead,
+        on_giving_up=lambda m: given_up.append(m.body),
+    ):  # fmt: skip
+        await wait_until(lambda: len(handled) == 4, 30, "the rest of the partition")
+    assert handled == bodies[1:]  # in order, after the poison was dead-lettered
+    assert attempts == [1, 2, 3] and given_up == [b"poison"]
+    reader = Consumer(dead, "d", lookupd_http_addresses=lookupds(youzan_cluster))
+    async with reader:
+        with anyio.fail_after(30):
+            copy = await reader.__anext__()
+    assert copy.body == b"poison"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_youzan_a_missing_dead_letter_topic_is_an_error_at_start(
+    youzan_cluster, anyio_backend
+):
+    from smartnsq.errors import TopicNotFound
+
+    topic = unique("dlm")
+    create_topic(youzan_cluster, topic, partitions=1, replicas=1, ordered=True, channel="c")
+    consumer = Consumer(
+        topic, "c", failing("async", []), lookupd_http_addresses=lookupds(youzan_cluster),
+        dead_letter_topic=unique("dlm_missing"),
+    )  # fmt: skip
+    with anyio.fail_after(10), pytest.raises(TopicNotFound, match="dead_letter_topic"):
+        async with consumer:
+            pass
+
+
+@pytest.mark.slow  # about a minute: the fork takes its time to make the restarted nsqd writable
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_youzan_ordered_partition_waits_for_a_failing_copy_without_spinning(
+    cluster_factory, anyio_backend, caplog
+):
+    cluster = cluster_factory("youzan", nsqd=2)
+    node = {n.http: i for i, n in enumerate(cluster.nsqd)}
+
+    def leader(info: dict[str, Any]) -> int:
+        [n] = info["partitions"].values()
+        return node[f"{n['broadcast_address']}:{n['http_port']}"]
+
+    topic, dead = unique("dlo"), unique("dlo_dead")
+    sink = leader(create_topic(cluster, dead, partitions=1, replicas=1, channel="d"))
+    # lookupd picks the leaders: make topics until the source is on the other nsqd
+    while leader(create_topic(cluster, topic, 1, 1, ordered=True, channel="c")) == sink:
+        topic = unique("dlo")
+    bodies = [b"poison", b"h0", b"h1"]
+    async with Producer(lookupd_http_addresses=lookupds(cluster)) as producer:
+        for body in bodies:
+            await producer.publish(topic, body, sharding_key="k")
+    handled: list[bytes] = []
+    cluster.kill_nsqd(sink, signal=signal.SIGTERM)
+    caplog.set_level(logging.WARNING, "smartnsq.consumer")
+    async with Consumer(
+        topic, "c", poison_first(handled), lookupd_http_addresses=lookupds(cluster),
+        max_attempts=1, requeue_delay=0, backoff=False, dead_letter_topic=dead,
+    ):  # fmt: skip
+        await wait_until(lambda: failed_copies(caplog) >= 2, 30, "failed copies")
+        started = time.monotonic()
+        await wait_until(lambda: failed_copies(caplog) >= 4, 30, "more failed copies")
+        # held 2 s, then 4 s between tries: no spinning, and nothing overtook the poison
+        assert time.monotonic() - started >= 5.0
+        assert handled == []
+        cluster.restart_nsqd(sink)
+        await wait_until(lambda: handled == bodies[1:], 120, "the partition moving on")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_message_over_one_mib_is_copied_when_nsqd_takes_it(cluster_factory, anyio_backend):
+    # nsqd's --max-msg-size decides, not the Producer's default max_message_size (1 MiB).
+    cluster = cluster_factory("classic", nsqd_args=["--max-msg-size=3000000"])
+    nsqd = cluster.nsqd[0]
+    topic, dead = unique("dl"), unique("dl_dead")
+    create_channel(nsqd.http, topic, "c")
+    create_channel(nsqd.http, dead, "d")
+    big = b"b" * 1_500_000
+    async with Producer([nsqd.tcp], max_message_size=2_000_000) as producer:
+        await producer.publish(topic, big)
+
+    async def handle(message: Message) -> None:
+        raise ValueError("cannot handle it")  # not the body: it is 1.5 MB
+
+    async with Consumer(
+        topic, "c", handle, nsqd_tcp_addresses=[nsqd.tcp], max_attempts=1, requeue_delay=0,
+        backoff=False, dead_letter_topic=dead,
+    ) as consumer:  # fmt: skip
+        await wait_until(lambda: depth(nsqd.http, dead, "d") == 1, 20, "the copy")
+        await wait_until(lambda: depth(nsqd.http, topic, "c") == 0, 10, "an empty channel")
+        assert consumer.stats().discarded == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_dead_letter_topic_that_does_not_exist_yet_is_created(
+    classic_cluster, anyio_backend
+):
+    # The most common deployment: lookupd only, and nobody created the dead-letter topic.
+    nsqd = classic_cluster.nsqd[0]
+    topic, dead = unique("dl"), unique("dl_dead")
+    create_channel(nsqd.http, topic, "c")
+    async with Producer([nsqd.tcp]) as producer:
+        await producer.publish_many(topic, [b"m%d" % i for i in range(N)])
+    async with giving_up_at_once(classic_cluster, topic, dead) as consumer:
+        await wait_until(lambda: consumer.stats().discarded == N, 20, "the dead letters")
+        await wait_until(lambda: depth(nsqd.http, topic, "c") == 0, 10, "an empty channel")
+    assert (topic_stats(nsqd.http, dead) or {}).get("message_count") == N

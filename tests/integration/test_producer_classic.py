@@ -30,6 +30,7 @@ from tests.helpers import (
     channel_stats,
     create_channel,
     drain,
+    lookupds,
     start_tls_cluster,
     topic_stats,
     unique,
@@ -363,3 +364,61 @@ async def test_a_failed_later_batch_reports_how_many_were_published(cluster_fact
             await producer.publish_many(topic, bodies)
         assert info.value.published == 5 and info.value.__cause__ is not None
     assert topic_stats(nsqd.http, topic)["message_count"] == 5
+
+
+def stored(cluster: object, topic: str) -> int:
+    """Messages of ``topic`` over every nsqd of a compat cluster."""
+    return sum(
+        int((topic_stats(d.http, topic) or {}).get("message_count") or 0)
+        for d in cluster.nsqd  # type: ignore[attr-defined]
+    )
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_lookupd_only_producer_publishes_to_a_topic_that_does_not_exist_yet(
+    cluster_factory, anyio_backend
+):
+    # nsqd creates a topic on its first PUB: with lookupd only, the producer picks among the
+    # nsqd lookupd knows, as it would with their addresses.
+    cluster = cluster_factory("classic", nsqd=2)
+    first, second = unique("fresh"), unique("fresh")
+    async with Producer(lookupd_http_addresses=lookupds(cluster), timeout=5) as producer:
+        await producer.publish(first, b"one")
+        await producer.publish_many(second, [b"a", b"b"])
+        assert await producer.is_ext_topic(unique("fresh")) is False
+        for i in range(10):  # then as usual, once lookupd lists it
+            await producer.publish(first, b"more %d" % i)
+    assert stored(cluster, first) == 11
+    assert stored(cluster, second) == 2
+
+
+def test_the_blocking_producer_publishes_to_a_topic_that_does_not_exist_yet(cluster_factory):
+    from smartnsq import sync as nsq_sync
+
+    cluster = cluster_factory("classic", nsqd=2)
+    topic = unique("fresh")
+    with nsq_sync.Producer(lookupd_http_addresses=lookupds(cluster), timeout=5) as producer:
+        producer.publish(topic, b"one")
+        producer.publish_many(topic, [b"a", b"b"])
+    assert stored(cluster, topic) == 3
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_new_topic_fails_over_from_an_nsqd_lookupd_still_lists(
+    cluster_factory, anyio_backend
+):
+    cluster = cluster_factory("classic", nsqd=2)
+    stopped = cluster.nsqd[0]
+    stopped.signal(signal.SIGSTOP)  # still registered with lookupd, answers nothing
+    try:
+        async with Producer(lookupd_http_addresses=lookupds(cluster), timeout=10) as producer:
+            topics: list[str] = []
+            # lookupd lists its nsqd in no set order: publish until the stopped one was tried
+            while not producer.stats().nodes.get(stopped.tcp, None) or len(topics) < 4:
+                assert len(topics) < 30, "the stopped nsqd was never tried"
+                topics.append(unique("fresh"))
+                await producer.publish(topics[-1], b"x")
+            assert producer.stats().nodes[stopped.tcp].errors >= 1
+    finally:
+        stopped.signal(signal.SIGCONT)
+    assert [stored(cluster, t) for t in topics] == [1] * len(topics)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import time
 from collections import Counter
 
 import anyio
@@ -173,3 +174,25 @@ async def test_concurrent_sharded_publish(youzan_cluster, topic2, anyio_backend)
         async with anyio.create_task_group() as tg:
             for w in range(8):
                 tg.start_soon(worker, w)
+
+
+async def test_a_missing_topic_fails_at_once(youzan_cluster, anyio_backend):
+    # The fork's operator creates topics: unlike classic nsqd, no publish creates one, so a
+    # missing topic is no outage to wait out.
+    missing = f"missing_{random.getrandbits(24):x}"
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster), timeout=10) as producer:
+        started = anyio.current_time()
+        with pytest.raises(TopicNotFound, match="create it first"):
+            await producer.publish(missing, b"x")
+        assert anyio.current_time() - started < 2
+
+
+def test_a_missing_topic_fails_at_once_blocking(youzan_cluster, anyio_backend):
+    from smartnsq import sync as nsq_sync
+
+    missing = f"missing_{random.getrandbits(24):x}"
+    with nsq_sync.Producer(lookupd_http_addresses=lookupds(youzan_cluster), timeout=10) as producer:
+        started = time.monotonic()
+        with pytest.raises(TopicNotFound, match="create it first"):
+            producer.publish_many(missing, [b"x"])
+        assert time.monotonic() - started < 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import anyio
@@ -159,3 +160,38 @@ def test_headers_and_trace_ids_round_trip_on_a_youzan_ext_topic(
         assert {k: v for k, v in row.headers.items() if not k.startswith("##")} == (
             {"k": str(i)} if i % 2 == 0 else {}
         )
+
+
+def test_a_failed_write_says_how_many_rows_nsqd_already_has(
+    spark: Any, classic_cluster: Any
+) -> None:
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("spark_fail")
+    n = 50_000  # several Arrow batches in one task; the last row cannot be published
+    df = spark.range(n, numPartitions=1).selectExpr(
+        f"CASE WHEN id = {n - 1} THEN NULL ELSE CAST(id AS STRING) END AS value"
+    )
+    writer = df.write.format("nsq").mode("append").option("nsqd", nsqd.tcp)
+    with pytest.raises(Exception) as info:
+        writer.option("topic", topic).save()
+    text = str(info.value)
+    assert "null 'value'" in text
+    m = re.search(r"nsqd acknowledged at least (\d+) rows of this task", text)
+    assert m, text[-2000:]
+    acked = int(m.group(1))
+    stats = topic_stats(nsqd.http, topic)
+    assert stats is not None and 0 < acked <= stats["message_count"] < n
+
+
+def test_the_abort_warning_says_failed_tasks_may_have_published(caplog: Any) -> None:
+    from smartnsq import Producer
+    from smartnsq.spark.options import parse
+    from smartnsq.spark.sink import NsqWriter, Published
+
+    settings = parse({"nsqd": "127.0.0.1:4150", "topic": "t"}, reading=False, client=Producer)
+    writer = NsqWriter(settings, ("value",))
+    with caplog.at_level("WARNING", logger="smartnsq.spark"):
+        writer.abort([Published(0, 0, 10, 100, 0.1), None])
+    (record,) = caplog.records
+    assert "10 messages of 1 finished tasks" in record.message
+    assert "failed tasks may have published" in record.message
