@@ -5,19 +5,21 @@ in ``--mode all``); otherwise it is requeued, with the consumer's backoff, and s
 from __future__ import annotations
 
 import random
-import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote_plus
 
 import anyio
 import click
 
-from smartnsq import Consumer, Message, serve
+from smartnsq import Consumer, Message
 from smartnsq.cli.options import Common, common, common_options
 from smartnsq.cli.output import configure_logging, print_json
 from smartnsq.cli.reach import check_reachable
+from smartnsq.cli.status import Verdict
 from smartnsq.cli.tail import RESERVED, topic_list
+from smartnsq.cli.topics import TopicRunner, serving
 from smartnsq.cli.upstreams import MODES, Upstreams
 from smartnsq.cli.words import parse_duration, pass_through
 from smartnsq.http import HttpClient, HttpError
@@ -190,16 +192,20 @@ def command(
     extra.setdefault("auto_touch", True)  # a slow endpoint must not time messages out
     if limit is not None:
         max_in_flight = min(max_in_flight, limit)  # more would only be requeued
-    consumer = Consumer(
-        names[0],
-        channel,
-        sender.handle,
-        max_in_flight=max_in_flight,
-        concurrency=concurrency,
-        **options.client_options(),
-        **extra,
-    )
-    anyio.run(sender.run, consumer, names[0])
+    client = options.client_options()
+
+    def make(topic: str) -> Consumer:
+        return Consumer(
+            topic,
+            channel,
+            sender.handle,
+            max_in_flight=max_in_flight,
+            concurrency=concurrency,
+            **client,
+            **extra,
+        )
+
+    anyio.run(sender.run, make, names[0])
     return sender.report(names[0])
 
 
@@ -252,8 +258,8 @@ class _Sender:
         self.failed = 0  # requests that got no 2xx
         self.sampled_out = 0
         self.last_error = ""
-        self.signal: int | None = None
-        self.done = anyio.Event()
+        self.verdict = Verdict("to-http")
+        self.runner: TopicRunner | None = None
 
     def request_for(self, url: str, body: bytes) -> tuple[str, bytes | None]:
         """The URL and body of ``body``'s request to ``url`` (checked: HttpError if it
@@ -265,24 +271,18 @@ class _Sender:
         build_request("POST", url, headers=self.headers, body=body)
         return url, body
 
-    async def run(self, consumer: Consumer, topic: str) -> None:
+    async def run(self, make: Callable[[str], Consumer], topic: str) -> None:
         await check_reachable(self.options, topic)
         configure_logging(self.options)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._signals)
-            await serve(consumer, main=self.done.wait, signals=())
-            tg.cancel_scope.cancel()
+        self.runner = TopicRunner("to-http", self.options, serving(make), verdict=self.verdict)
+        await self.runner.run([topic])
 
-    async def _signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                if self.signal is None:
-                    self.signal = signum
-                self.done.set()
+    def _stopping(self) -> bool:
+        return self.runner is not None and self.runner.stopping.is_set()
 
     async def handle(self, message: Message) -> None:
-        if self.limit is not None and self.taken >= self.limit:
-            message.requeue(0, backoff=False)  # beyond --limit: back, untouched
+        if self._stopping() or (self.limit is not None and self.taken >= self.limit):
+            message.requeue(0, backoff=False)  # beyond --limit or stopping: back, untouched
             return
         if self.sample < 1.0 and random.random() > self.sample:
             self.sampled_out += 1
@@ -303,8 +303,8 @@ class _Sender:
             message.requeue()  # with the consumer's delay and backoff: sent again later
             return
         self.delivered += 1
-        if self.limit is not None and self.delivered >= self.limit:
-            self.done.set()
+        if self.limit is not None and self.delivered >= self.limit and self.runner is not None:
+            self.runner.stop()
 
     async def _send(self, url: str, body: bytes) -> str | None:
         """None once ``url`` answered 2xx, else why not."""
@@ -342,7 +342,6 @@ class _Sender:
         print(f"smartnsq to-http: {text}", file=sys.stderr, flush=True)
 
     def report(self, topic: str) -> int:
-        status = 128 + self.signal if self.signal is not None else 0
         if self.options.json:
             summary: dict[str, Any] = {
                 "topic": topic,
@@ -351,9 +350,10 @@ class _Sender:
                 "failed_requests": self.failed,
                 "sampled_out": self.sampled_out,
                 "last_error": self.last_error or None,
-                "exit_status": status,
+                **self.verdict.fields(),
             }
             print_json(summary)
         elif sys.stderr.isatty() or self.failed or self.options.verbose:
-            self._say(self._summary())
-        return status
+            how = "interrupted: " if self.verdict.interrupted else ""
+            self._say(how + self._summary())
+        return self.verdict.finish()
