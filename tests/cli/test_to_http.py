@@ -254,3 +254,29 @@ def test_hostpool_leaves_a_failing_url_aside(classic_cluster):
 )  # fmt: skip
 def test_to_http_bad_input_is_one_line_before_connecting(args, needles):
     one_line_error(run_cli("to-http", "t", "--nsqd", "127.0.0.1:1", *args), *needles)
+
+
+def test_sample_zero_finishes_every_message_unsent(classic_cluster):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("cli_http")
+    _publish(nsqd, topic, "web", [f"s{i}" for i in range(10)])
+    with endpoint() as web:
+        proc = spawn_cli(
+            "to-http", topic, "--nsqd", nsqd.tcp, "--channel", "web", "--post", web.url,
+            "--sample", "0", "--json",
+        )  # fmt: skip
+        wait_for(lambda: _finished(nsqd, topic, "web", 10), what="every message finished")
+        proc.send_signal(signal.SIGTERM)
+        assert wait_exit(proc) == 143
+        assert web.requests == []
+    summary = json.loads(proc.stdout.read())  # type: ignore[union-attr]
+    assert (summary["sampled_out"], summary["requests"], summary["delivered"]) == (10, 0, 0)
+
+
+def _finished(nsqd: Any, topic: str, channel: str, count: int) -> bool:
+    stats = channel_stats(nsqd.http, topic, channel) or {}
+    return (
+        stats.get("message_count") == count
+        and stats.get("depth") == 0
+        and (stats.get("in_flight_count") == 0)
+    )
