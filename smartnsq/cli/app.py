@@ -11,7 +11,8 @@ from typing import TextIO
 import click
 
 from smartnsq import __version__
-from smartnsq.cli import pub, stat, tail, to_file, to_nsq
+from smartnsq.cli import pub, stat, tail, to_file, to_http, to_nsq
+from smartnsq.cli.goflags import go_flags, normalize
 from smartnsq.cli.status import EXIT_FAILED, EXIT_SIGINT, EXIT_USAGE
 from smartnsq.cli.words import flag_words
 from smartnsq.errors import NSQError
@@ -28,8 +29,8 @@ def cli() -> None:
     """
 
 
-for _module in (pub, tail, to_file, to_nsq, stat):
-    cli.add_command(_module.command)
+for _module in (pub, tail, to_file, to_nsq, to_http, stat):
+    cli.add_command(go_flags(_module.command))
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -52,7 +53,7 @@ def _command_name(argv: Sequence[str]) -> str:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the command line and return the exit status; errors become one line on stderr."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = normalize(cli, sys.argv[1:] if argv is None else argv)
     name = _command_name(args)
     warnings.showwarning = _show_warning
     try:

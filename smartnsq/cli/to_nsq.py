@@ -7,12 +7,14 @@ from __future__ import annotations
 import logging
 import math
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import click
 
-from smartnsq import Consumer, Message, Producer, serve
+from smartnsq import Consumer, Message, Producer
+from smartnsq.cli.jsonfilter import JsonFilter, json_filter_options
 from smartnsq.cli.keyorder import KeyOrder
 from smartnsq.cli.options import Common, common, common_options, split_addresses
 from smartnsq.cli.output import configure_logging, print_json
@@ -21,7 +23,7 @@ from smartnsq.cli.reach import check_reachable
 from smartnsq.cli.status import Verdict
 from smartnsq.cli.tail import RESERVED, topic_list
 from smartnsq.cli.tally import Tally
-from smartnsq.cli.topics import TopicRunner
+from smartnsq.cli.topics import TopicRunner, serving
 from smartnsq.cli.words import flag_words, parse_duration, pass_through
 from smartnsq.errors import (
     ExtNotSupported,
@@ -52,7 +54,8 @@ _PRODUCER_RESERVED = {
     "--to",
     "destination",
     metavar="TOPIC",
-    help="Topic to publish to; default: the same name (then give --to-nsqd or --to-lookupd).",
+    help="Topic to publish to; default: each topic's own name (then give --to-nsqd or "
+    "--to-lookupd).",
 )
 @click.option(
     "--to-nsqd",
@@ -95,6 +98,7 @@ _PRODUCER_RESERVED = {
 )
 @click.option("--consumer-opt", "consumer_opts", multiple=True, metavar="NAME=VALUE")
 @click.option("--producer-opt", "producer_opts", multiple=True, metavar="NAME=VALUE")
+@json_filter_options
 @common_options
 def command(
     topics: tuple[str, ...],
@@ -111,8 +115,11 @@ def command(
     max_in_flight: int,
     consumer_opts: tuple[str, ...],
     producer_opts: tuple[str, ...],
+    require_json_field: str | None,
+    require_json_value: str | None,
+    whitelist_json_fields: tuple[str, ...],
 ) -> int:
-    """Copy the messages of TOPIC to another topic or cluster (nsq_to_nsq).
+    """Copy the messages of TOPICs to another topic or cluster (nsq_to_nsq).
 
     Each message is finished only once the destination acknowledged its copy; a failed
     publish requeues it, and copies failing again and again end the command (status 1), the
@@ -121,14 +128,17 @@ def command(
     """
     options = common()
     names = topic_list(topics, topic_flags)
-    if len(names) != 1:
-        raise click.UsageError("name one topic to copy: TOPIC or --topic TOPIC")
-    source = names[0]
+    if not names:
+        raise click.UsageError("name a topic to copy: TOPIC or --topic TOPIC (repeatable)")
     dst_nsqd, dst_lookupd = split_addresses(to_nsqd), split_addresses(to_lookupd)
-    target = destination or source
-    validate_topic(target)
-    if target == source and not (dst_nsqd or dst_lookupd):
-        raise click.UsageError("--to names the same topic on the same cluster: a loop")
+    targets = {source: destination or source for source in names}
+    for source, target in targets.items():
+        validate_topic(target)
+        if target == source and not (dst_nsqd or dst_lookupd):
+            raise click.UsageError(
+                f"--to names the same topic on the same cluster: a loop ({source})"
+            )
+    json_filter = JsonFilter(require_json_field, require_json_value, whitelist_json_fields)
     if key_header and same_partition:
         raise click.UsageError("choose one of --key-header and --same-partition")
     try:
@@ -164,18 +174,22 @@ def command(
     producer = Producer(
         **where, tls=client["tls"], auth_secret=client["auth_secret"], **producer_extra
     )
-    copier = _Copier(producer, target, options, rate, limit, key_header, same_partition, idle)
-    consumer = Consumer(
-        source,
-        channel,
-        copier.handle,
-        max_in_flight=max_in_flight,
-        concurrency=max_in_flight,  # each held message waits for its copy's answer
-        **client,
-        **consumer_extra,
-    )
-    anyio.run(copier.run, consumer, source)
-    return copier.report(source)
+    copier = _Copier(producer, targets, options, rate, limit, key_header, same_partition, idle)
+    copier.json_filter = json_filter
+
+    def make(topic: str) -> Consumer:
+        return Consumer(
+            topic,
+            channel,
+            copier.handler(topic),
+            max_in_flight=max_in_flight,
+            concurrency=max_in_flight,  # each held message waits for its copy's answer
+            **client,
+            **consumer_extra,
+        )
+
+    anyio.run(copier.run, make, names)
+    return copier.report()
 
 
 DEFAULT_IDLE = 10.0
@@ -188,7 +202,7 @@ class _Copier:
     def __init__(
         self,
         producer: Producer,
-        target: str,
+        targets: dict[str, str],
         options: Common,
         rate: float | None,
         limit: int | None,
@@ -197,7 +211,10 @@ class _Copier:
         idle: float | None,
     ) -> None:
         self.producer = producer
-        self.target = target
+        self.targets = targets  # source topic -> destination topic
+        self.target = ",".join(dict.fromkeys(targets.values()))  # for messages
+        self.source = ",".join(targets)
+        self.json_filter = JsonFilter(None, None, ())
         self.options = options
         self.rate = rate
         self.limit = limit
@@ -215,19 +232,13 @@ class _Copier:
         self.runner: TopicRunner | None = None
         self.progress: PubProgress | None = None
         self.last_error = ""
-        self.source = ""
         self.order = KeyOrder()  # copies of one key (or partition) one after another
 
-    async def run(self, consumer: Consumer, source: str) -> None:
-        self.source = source
-        await check_reachable(self.options, source)
+    async def run(self, make: Callable[[str], Consumer], sources: list[str]) -> None:
+        await check_reachable(self.options, sources[0])
         configure_logging(self.options)
         self.last_seen = anyio.current_time()
-
-        async def copy(topic: str) -> None:
-            await serve(consumer, signals=())
-
-        self.runner = TopicRunner("to-nsq", self.options, copy, verdict=self.verdict)
+        self.runner = TopicRunner("to-nsq", self.options, serving(make), verdict=self.verdict)
         async with anyio.create_task_group() as tg:
             if self.idle is not None:
                 tg.start_soon(self._watch_idle, self.runner, self.idle)
@@ -236,7 +247,7 @@ class _Copier:
             await self.producer.__aenter__()
             try:
                 with PubProgress(None) as self.progress:
-                    await self.runner.run([source])
+                    await self.runner.run(sources)
             finally:
                 # Every handler has returned: an answer still awaited belongs to a copy
                 # that was given up (its message requeued), so closing does not wait for it.
@@ -265,11 +276,19 @@ class _Copier:
         if self.runner is not None:
             self.runner.stop()
 
-    async def handle(self, message: Message) -> None:
+    def handler(self, topic: str) -> Callable[[Message], Awaitable[None]]:
+        """The handler of ``topic``'s consumer."""
+
+        async def handle(message: Message) -> None:
+            await self.handle(message, topic)
+
+        return handle
+
+    async def handle(self, message: Message, topic: str) -> None:
         self.busy += 1
         self.last_seen = anyio.current_time()
         try:
-            await self._handle(message)
+            await self._handle(message, topic)
         finally:
             self.busy -= 1
             self.last_seen = anyio.current_time()
@@ -277,12 +296,13 @@ class _Copier:
     def _stopping(self) -> bool:
         return self.runner is not None and self.runner.stopping.is_set()
 
-    async def _handle(self, message: Message) -> None:
+    async def _handle(self, message: Message, topic: str) -> None:
         # The place in its key's line is taken before anything waits: in delivery order.
         route = self._route(message)
         if route is None:
-            await self._copy(message)
+            await self._copy(message, topic)
             return
+        route = (topic, route)  # each topic's keys in their own lines
         turn = self.order.enter(route)
         try:
             if not await turn.wait_for_previous():
@@ -290,7 +310,7 @@ class _Copier:
                 turn.failed = True
                 message.requeue()
                 return
-            turn.failed = not await self._copy(message)
+            turn.failed = not await self._copy(message, topic)
         finally:
             self.order.leave(route, turn)
 
@@ -304,11 +324,16 @@ class _Copier:
             return ("partition", message.partition)
         return None
 
-    async def _copy(self, message: Message) -> bool:
-        """Copy one message (or give it back); True once the destination acknowledged it."""
+    async def _copy(self, message: Message, topic: str) -> bool:
+        """Copy one message (or give it back); True once the destination acknowledged it
+        (or the JSON filters left it out: finished without a copy, as nsq_to_nsq does)."""
         if self._stopping() or (self.limit is not None and self.taken >= self.limit):
             message.requeue(0, backoff=False)  # beyond --limit or stopping: back, untouched
             return False
+        body = self.json_filter.apply(message.body)
+        if body is None:
+            return True
+        target = self.targets[topic]
         self.taken += 1
         if self.rate is not None:
             # A slot 1/rate after the previous one, never earlier than now: idle time builds
@@ -324,7 +349,7 @@ class _Copier:
                 message.requeue(0, backoff=False)
                 return False
         try:
-            await self._publish(message)
+            await self._publish(message, target, body)
         except NSQError as exc:
             # Not copied: back to the channel (with the consumer's backoff), copied later.
             self.tally.failed += 1
@@ -333,14 +358,14 @@ class _Copier:
             self.last_error = flag_words(str(exc))
             message.requeue()
             if isinstance(exc, TopicNotFound | TopicNotExist):
-                self._give_up(f"destination topic {self.target!r} does not exist: {exc}")
+                self._give_up(f"destination topic {target!r} does not exist: {exc}")
             elif self.failed_in_a_row >= MAX_FAILED_IN_A_ROW:
                 self._give_up(
-                    f"{self.failed_in_a_row} copies to {self.target} failed in a row "
+                    f"{self.failed_in_a_row} copies to {target} failed in a row "
                     f"(last: {self.last_error})"
                 )
             elif self.tally.failed == 1 or self.options.verbose:
-                log.warning("%s: copy failed, message requeued: %s", self.target, exc)
+                log.warning("%s: copy failed, message requeued: %s", target, exc)
             return False
         self.failed_in_a_row = 0
         self.tally.published += 1
@@ -350,7 +375,7 @@ class _Copier:
             self.runner.stop()
         return True
 
-    async def _publish(self, message: Message) -> None:
+    async def _publish(self, message: Message, target: str, body: bytes) -> None:
         kwargs: dict[str, Any] = {}
         headers = _headers(message)
         if self.key_header is not None:
@@ -365,28 +390,28 @@ class _Copier:
             if message.partition is not None and message.trace_id:  # Youzan only
                 kwargs["trace_id"] = message.trace_id
         try:
-            await self.producer.publish(self.target, message.body, **kwargs)
+            await self.producer.publish(target, body, **kwargs)
         except (NotSupported, ExtNotSupported) as exc:
             if not (self.keep_ext and ("headers" in kwargs or "trace_id" in kwargs)):
                 raise
             # The destination takes no ext headers (classic nsqd, or not an ext topic): copy
             # bodies only from now on, and say so once.
             self.keep_ext = False
-            log.warning(
-                "%s: headers and trace ids are not kept: %s", self.target, flag_words(str(exc))
-            )
+            log.warning("%s: headers and trace ids are not kept: %s", target, flag_words(str(exc)))
             kwargs.pop("headers", None)
             kwargs.pop("trace_id", None)
-            await self.producer.publish(self.target, message.body, **kwargs)
+            await self.producer.publish(target, body, **kwargs)
 
-    def report(self, source: str) -> int:
-        tally, verdict = self.tally, self.verdict
+    def report(self) -> int:
+        tally, verdict, source = self.tally, self.verdict, self.source
+        skipped = self.json_filter.skipped
         if self.options.json:
             print_json(
                 {
-                    "from": source,
+                    "from": source,  # several topics: comma-separated (as names never hold one)
                     "to": self.target,
                     "published": tally.published,
+                    "skipped": skipped,
                     "failed_attempts": tally.failed,
                     "last_error": self.last_error or None,
                     **verdict.fields(),
@@ -398,6 +423,8 @@ class _Copier:
             how = "interrupted: " if verdict.interrupted else ""
             text = f"smartnsq to-nsq: {how}copied {tally.published} messages from {source} to "
             text += self.target
+            if skipped:
+                text += f"; {skipped} messages left out by the JSON filters"
             if tally.failed:
                 text += (
                     f"; {tally.failed} publishes failed and their messages were requeued "

@@ -39,15 +39,32 @@ def flag_words(text: str) -> str:
 
 
 _EMPTY = inspect.Parameter.empty
-_TIME_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_TIME_UNITS = {
+    "": 1.0,
+    "ns": 1e-9,
+    "us": 1e-6,
+    "\u00b5s": 1e-6,
+    "ms": 0.001,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_DURATION_PART = r"(\d+(?:\.\d+)?)\s*(ns|us|\u00b5s|ms|s|m|h)"
 
 
 def parse_duration(text: str) -> float:
-    """``30`` (seconds), ``250ms``, ``10s``, ``5m``, ``1h``: a duration in seconds."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|)", text.strip().lower())
-    if not m or float(m.group(1)) == 0:
+    """``30`` (seconds), ``250ms``, ``10s``, ``5m``, ``1h``, or as Go writes durations
+    (``1m30s``, ``1h0m0s``): a duration in seconds."""
+    text = text.strip().lower()
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        seconds = float(text)
+    elif re.fullmatch(f"(?:{_DURATION_PART})+", text):
+        seconds = sum(float(n) * _TIME_UNITS[unit] for n, unit in re.findall(_DURATION_PART, text))
+    else:
+        seconds = 0.0
+    if seconds <= 0:
         raise click.BadParameter(f"{text!r} is not a duration like 250ms, 30s, 5m or 1h")
-    return float(m.group(1)) * _TIME_UNITS[m.group(2)]
+    return seconds
 
 
 # go-nsq's names for the same settings (to_nsq / nsq_tail habits).

@@ -97,7 +97,9 @@ def build_request(
         target += "?" + query
     fields = [("Host", parts.netloc.rpartition("@")[2])]
     fields += list((headers or {}).items())
-    fields += [("User-Agent", f"smartnsq/{__version__}"), ("Connection", "close")]
+    if not any(str(name).lower() == "user-agent" for name, _ in fields):
+        fields.append(("User-Agent", f"smartnsq/{__version__}"))
+    fields.append(("Connection", "close"))
     if body is not None or method in ("POST", "PUT"):
         fields.append(("Content-Length", str(len(body or b""))))
     for name, value in fields:

@@ -22,7 +22,7 @@ NOWHERE = "127.0.0.1:1"  # nothing listens on port 1
         (["pub", "--nsqd", NOWHERE, "bad topic!"], ["topic name"]),
         (["pub", "--nsqd", NOWHERE, "t", "/no/such/file"], ["/no/such/file"]),
         (["pub", "--nsqd", NOWHERE, "--key", "a", "--key-field", "b", "t"], ["--key"]),
-        (["pub", "--nsqd", NOWHERE, "--rate", "0", "t"], ["--rate"]),
+        (["pub", "--nsqd", NOWHERE, "--rate", "-1", "t"], ["--rate"]),
         (["pub", "--nsqd", "host:99999", "t"], ["host:99999"]),
         (["pub", "--lookupd", "ftp://x", "t"], ["ftp://x"]),
         (["tail", "--nsqd", NOWHERE, "t"], ["cannot reach", NOWHERE]),

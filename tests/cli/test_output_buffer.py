@@ -72,7 +72,9 @@ def test_a_small_timeout_gets_a_low_rate_through_well_inside_250ms(classic_clust
         (["--output-buffer-timeout", "soon"], "--output-buffer-timeout 'soon' is not a duration"),
         (["--output-buffer-size", "10"], "--output-buffer-size must be 0 (no buffering) or"),
         (["--output-buffer-size", "-1"], "--output-buffer-size '-1' is not a size"),
-        (["--consumer-opt", "output_buffer_size=64"], "is set with --output-buffer-size"),
+        # go-nsq's spelling (nsq_tail's, nsq_to_file's) is the flag, with the flag's checks.
+        (["--consumer-opt", "output_buffer_size=10"], "--output-buffer-size must be 0 (no"),
+        (["--consumer-opt=output-buffer-timeout=soon"], "--output-buffer-timeout 'soon' is not"),
     ],
 )
 def test_a_bad_value_is_refused_with_the_flag_name(tmp_path, command, flags, words):

@@ -58,7 +58,8 @@ def test_to_nsq_replays_a_topic_and_finishes_only_copied_messages(classic_cluste
     assert ok.returncode == 0, ok.stderr
     assert time.monotonic() - started >= 0.45  # 200 at 400/s
     assert json.loads(ok.stdout) == {
-        "from": src, "to": dst, "published": 200, "failed_attempts": 0, "last_error": None,
+        "from": src, "to": dst, "published": 200, "skipped": 0, "failed_attempts": 0,
+        "last_error": None,
         "ok": True, "status": "ok", "exit_status": 0, "error": None,
     }  # fmt: skip
     done = channel_stats(nsqd.http, src, "replay2")
@@ -70,7 +71,7 @@ def test_to_nsq_replays_a_topic_and_finishes_only_copied_messages(classic_cluste
     ("args", "needles"),
     [
         (["t", "--nsqd", NOWHERE], ["--to names the same topic"]),
-        (["--nsqd", NOWHERE, "--to", "x"], ["name one topic"]),
+        (["--nsqd", NOWHERE, "--to", "x"], ["name a topic to copy"]),
         (["t", "--nsqd", NOWHERE, "--to", "x", "--producer-opt", "tls=1"], ["--tls"]),
     ],
 )

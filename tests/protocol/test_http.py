@@ -284,3 +284,11 @@ def test_any_query_is_percent_encoded(params):
     req = build_request("GET", "http://h:1/lookup", params)
     line = req.data.split(b"\r\n")[0]
     assert line.isascii() and len(line.split(b" ")) == 3
+
+
+@pytest.mark.parametrize("name", ["User-Agent", "user-agent"])
+def test_a_user_agent_given_replaces_the_clients_own(name):
+    head = build_request("GET", "http://h/x", headers={name: "nsq_to_http/1.3"}).data.lower()
+    assert head.count(b"user-agent:") == 1
+    assert b"user-agent: nsq_to_http/1.3\r\n" in head
+    assert build_request("GET", "http://h/x").data.lower().count(b"user-agent: smartnsq/") == 1
