@@ -274,11 +274,10 @@ class Intake:
             msg._received = msg._touched = sub.batch_time
         skip = sub.skip
         if skip is not None:
-            if skip.stale(msg.offset, msg.timestamp):
-                answers.fin(msg, count=False)  # from before the start position
+            stale, sub.skip = skip.check(msg.offset, msg.timestamp, msg.attempts)
+            if stale:
+                answers.fin(msg, count=False)  # from before the start, or it comes again
                 return False
-            if skip.below_offset is None:
-                sub.skip = None  # times need not rise: only the first deliveries are suspect
         if sub.ordered:
             self.check_order(sub, msg)
         if self.trace.active and self.trace.enabled(options.topic):
