@@ -409,9 +409,10 @@ async def test_start_earliest_on_an_ordered_channel_at_its_start_delivers_each_o
     assert bodies(got) == Counter(sent)
 
 
+@pytest.mark.parametrize("start", ["earliest", "offset"])
 @pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "unordered"])
-async def test_start_earliest_over_a_half_consumed_backlog_delivers_each_once(
-    youzan_cluster, anyio_backend, ordered
+async def test_start_over_a_half_consumed_backlog_delivers_each_once(
+    youzan_cluster, anyio_backend, ordered, start
 ):
     """The channel has messages waiting: nsqd holds the one at its position ready and
     delivers it first after the move, then again in its place (and on an ordered channel
@@ -439,7 +440,15 @@ async def test_start_earliest_over_a_half_consumed_backlog_delivers_each_once(
         await wait_until(lambda: len(held) == 4, 30, "4 messages handed on")
         await first.stop(timeout=0)
     release.set()
-    got = await consume_once(youzan_cluster, topic, len(sent), start="earliest", max_in_flight=1)
+    if start == "offset":  # from the second message on
+        sent, position = sent[1:], {0: held[1].offset}
+    got = await consume_once(
+        youzan_cluster,
+        topic,
+        len(sent),
+        start="earliest" if start == "earliest" else position,
+        max_in_flight=1,
+    )
     assert bodies(got) == Counter(sent)  # each once
     if ordered:
         assert [m.body for m in got] == [b for _, b in sent]  # in order
