@@ -177,7 +177,10 @@ async def _request(
     params: dict[str, str],
     body: bytes | None = None,
 ) -> bytes:
-    r = await _answer(client, method, url, params, body)
+    return _ok(url, await _answer(client, method, url, params, body))
+
+
+def _ok(url: str, r: Response) -> bytes:
     if r.status != 200:
         text = r.body[:200].decode("utf-8", "replace")
         raise NsqdHttpFailed(f"nsqd {url} answered HTTP {r.status}: {text}")
@@ -387,9 +390,7 @@ class StartPlan:
             self._done.add(partition)
             log.info("%s: nothing published yet; it starts with the first message", where)
             return None
-        if r.status != 200:
-            text = r.body[:200].decode("utf-8", "replace")
-            raise NsqdHttpFailed(f"nsqd {url} answered HTTP {r.status}: {text}")
+        _ok(url, r)
         self._done.add(partition)
         log.info("%s: channel moved to %s", where, body.decode())
         # With messages to deliver, nsqd held one ready (see Skip).
