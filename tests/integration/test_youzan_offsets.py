@@ -409,7 +409,7 @@ async def test_start_earliest_on_an_ordered_channel_at_its_start_delivers_each_o
     assert bodies(got) == Counter(sent)
 
 
-@pytest.mark.parametrize("start", ["earliest", "offset"])
+@pytest.mark.parametrize("start", ["earliest", "offset", "time"])
 @pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "unordered"])
 async def test_start_over_a_half_consumed_backlog_delivers_each_once(
     youzan_cluster, anyio_backend, ordered, start
@@ -420,6 +420,7 @@ async def test_start_over_a_half_consumed_backlog_delivers_each_once(
     twice)."""
     topic = unique("ohalf")
     create_topic(youzan_cluster, topic, partitions=1, ordered=ordered, channel="ch")
+    before = math.floor(time.time()) - 1  # a time before every message
     sent = await publish(youzan_cluster, topic, "a", 8, partitions=(0,))
     held: list[Message] = []
     release = anyio.Event()
@@ -440,15 +441,10 @@ async def test_start_over_a_half_consumed_backlog_delivers_each_once(
         await wait_until(lambda: len(held) == 4, 30, "4 messages handed on")
         await first.stop(timeout=0)
     release.set()
+    position = {"earliest": "earliest", "time": before, "offset": {0: held[1].offset}}[start]
     if start == "offset":  # from the second message on
-        sent, position = sent[1:], {0: held[1].offset}
-    got = await consume_once(
-        youzan_cluster,
-        topic,
-        len(sent),
-        start="earliest" if start == "earliest" else position,
-        max_in_flight=1,
-    )
+        sent = sent[1:]
+    got = await consume_once(youzan_cluster, topic, len(sent), start=position, max_in_flight=1)
     assert bodies(got) == Counter(sent)  # each once
     if ordered:
         assert [m.body for m in got] == [b for _, b in sent]  # in order
