@@ -1,7 +1,8 @@
 """How far a channel is behind its topic: the messages it has not consumed yet.
 
 On a Youzan HA cluster that is, per partition, the partition's end minus the channel's
-consumed position (both message counts, from the partition leader's ``/stats``). On classic
+consumed position (both message counts, from the partition leader's ``/stats``), each
+partition once however it was found (lookupd, nsqd addresses, or both). On classic
 nsqd it is, per nsqd, the channel's ``depth`` (waiting in memory and on disk) plus its
 ``in_flight_count`` and ``deferred_count`` (delivered or requeued, not finished), from that
 nsqd's ``/stats``. Neither is a live count: it is what nsqd said at the moment of asking.
@@ -17,13 +18,14 @@ from typing import Any
 import anyio
 
 from smartnsq._checks import check_addresses, check_number
-from smartnsq.errors import InvalidArgument, NsqdHttpFailed, NSQError, NSQTimeout
+from smartnsq.errors import InvalidArgument, NsqdHttpFailed, NSQError, NSQTimeout, ProtocolError
 from smartnsq.http import HttpClient, HttpError
 from smartnsq.lookup.client import ACCEPT, check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import Node, loads, unwrap
 from smartnsq.offsets import http_address, read_partition
 from smartnsq.protocol.names import validate_channel, validate_topic
+from smartnsq.protocol.offsets import parse_partition_stats
 
 __all__ = ["ChannelLag", "channel_lag", "consumer_lag"]
 
@@ -69,7 +71,8 @@ async def channel_lag(
         topic: The topic.
         channel: The channel.
         lookupd_http_addresses: Find the topic's nsqd (or partition leaders) through these.
-        nsqd_http_addresses: nsqd HTTP addresses (``host:port``) to ask as well (classic).
+        nsqd_http_addresses: nsqd HTTP addresses (``host:port``) to ask as well: a classic
+            nsqd gives one figure, a Youzan one a figure per partition it leads.
         timeout: Seconds for the whole call.
 
     Returns:
@@ -107,17 +110,25 @@ async def channel_lag(
             if not partitions:
                 classic.update(dict.fromkeys(http_address(n) for n in layout.producers))
 
+        asked: list[ChannelLag] = []
+
         async def youzan(partition: int, node: Node) -> None:
             results.append(await _partition_lag(client, topic, channel, partition, node))
 
         async def one(address: str) -> None:
-            results.append(await _nsqd_lag(client, topic, channel, address))
+            asked.extend(await _nsqd_lag(client, topic, channel, address))
 
         async with anyio.create_task_group() as tg:
             for partition, node in partitions.items():
                 tg.start_soon(youzan, partition, node)
             for address in classic:
                 tg.start_soon(one, address)
+        # Each partition once: lookupd's leader first, then a leader's answer, then any.
+        covered = {r.partition for r in results}
+        for r in sorted(asked, key=lambda r: r.messages is None):
+            if r.partition is None or r.partition not in covered:
+                results.append(r)
+                covered.add(r.partition)
         if results and all(r.error is not None for r in results):
             raise NsqdHttpFailed(
                 f"no nsqd told the lag of {topic}/{channel}: "
@@ -177,7 +188,9 @@ async def _partition_lag(
     return ChannelLag(topic, channel, http, partition, max(0, p.end_count - p.channel_count))
 
 
-async def _nsqd_lag(client: HttpClient, topic: str, channel: str, address: str) -> ChannelLag:
+async def _nsqd_lag(client: HttpClient, topic: str, channel: str, address: str) -> list[ChannelLag]:
+    """The lag an nsqd's ``/stats`` tells: one entry for classic nsqd, one per partition for
+    the fork's (its leader's numbers; a replica's are marked as not told)."""
     url = f"http://{address}/stats"
     params = {"format": "json", "topic": topic, "channel": channel}
     try:
@@ -185,10 +198,39 @@ async def _nsqd_lag(client: HttpClient, topic: str, channel: str, address: str) 
         if r.status != 200:
             text = r.body[:200].decode("utf-8", "replace")
             raise NsqdHttpFailed(f"HTTP {r.status}: {text}")
-        lag = classic_lag(unwrap(loads(r.body)), topic, channel)
-    except (HttpError, NsqdHttpFailed, ValueError, RecursionError) as exc:
-        return ChannelLag(topic, channel, address, None, None, f"{exc!s:.200}")
-    return ChannelLag(topic, channel, address, None, lag)
+        stats = unwrap(loads(r.body))
+        partitions = fork_partitions(stats, topic)
+        if partitions:
+            return [_fork_lag(stats, topic, channel, address, p) for p in partitions]
+        lag = classic_lag(stats, topic, channel)
+    except (HttpError, NsqdHttpFailed, ValueError, RecursionError, ProtocolError) as exc:
+        return [ChannelLag(topic, channel, address, None, None, f"{exc!s:.200}")]
+    return [ChannelLag(topic, channel, address, None, lag)]
+
+
+def fork_partitions(stats: Any, topic: str) -> list[int]:
+    """The partitions of ``topic`` in a Youzan nsqd's ``/stats`` answer (none on classic
+    nsqd, whose topics have no ``topic_partition``)."""
+    found = set()
+    topics = stats.get("topics") if isinstance(stats, dict) else None
+    for t in topics if isinstance(topics, list) else ():
+        if isinstance(t, dict) and t.get("topic_name") == topic:
+            part = t.get("topic_partition")
+            if isinstance(part, str) and part.isdigit():
+                found.add(int(part))
+    return sorted(found)
+
+
+def _fork_lag(stats: Any, topic: str, channel: str, address: str, partition: int) -> ChannelLag:
+    """One partition's lag from its leader's ``/stats``: the messages the channel has not
+    seen yet plus its depth (which on the fork counts those in flight)."""
+    n = parse_partition_stats(stats, topic, partition, channel)
+    if n is not None and not n.leader:
+        error = f"nsqd {address} holds a replica of partition {partition}, not its leader"
+        return ChannelLag(topic, channel, address, partition, None, error)
+    if n is None or n.channel_count is None:
+        return ChannelLag(topic, channel, address, partition, None)
+    return ChannelLag(topic, channel, address, partition, max(0, n.end_count - n.channel_count))
 
 
 def classic_lag(stats: Any, topic: str, channel: str) -> int | None:

@@ -30,7 +30,7 @@ from smartnsq.errors import (
     ProtocolError,
     TopicNotFound,
 )
-from smartnsq.http import HttpClient, HttpError, TooLarge
+from smartnsq.http import HttpClient, HttpError, Response, TooLarge
 from smartnsq.lookup.client import ACCEPT, check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import Node, TopicLayout, loads
@@ -42,9 +42,11 @@ from smartnsq.protocol.offsets import (
     StartAt,
     check_partitions,
     check_start,
+    nothing_to_move,
     parse_partition_stats,
     setoffset_body,
     skip_for,
+    start_offset,
 )
 
 log = logging.getLogger("smartnsq.offsets")
@@ -175,17 +177,30 @@ async def _request(
     params: dict[str, str],
     body: bytes | None = None,
 ) -> bytes:
+    return _ok(url, await _answer(client, method, url, params, body))
+
+
+def _ok(url: str, r: Response) -> bytes:
+    if r.status != 200:
+        text = r.body[:200].decode("utf-8", "replace")
+        raise NsqdHttpFailed(f"nsqd {url} answered HTTP {r.status}: {text}")
+    return r.body
+
+
+async def _answer(
+    client: HttpClient,
+    method: str,
+    url: str,
+    params: dict[str, str],
+    body: bytes | None = None,
+) -> Response:
     with anyio.move_on_after(REQUEST_TIMEOUT):
         try:
-            r = await client.request(method, url, params, ACCEPT, body, max_size=MAX_ANSWER)
+            return await client.request(method, url, params, ACCEPT, body, max_size=MAX_ANSWER)
         except TooLarge:
             raise NsqdHttpFailed(f"nsqd {url} sent more than {MAX_ANSWER} bytes") from None
         except HttpError as exc:
             raise NsqdHttpFailed(f"nsqd {url} failed: {exc}") from exc
-        if r.status != 200:
-            text = r.body[:200].decode("utf-8", "replace")
-            raise NsqdHttpFailed(f"nsqd {url} answered HTTP {r.status}: {text}")
-        return r.body
     raise NsqdHttpFailed(f"nsqd {url} did not answer within {REQUEST_TIMEOUT}s")
 
 
@@ -343,9 +358,9 @@ class StartPlan:
                         f"{o.end} (end)"
                     )
 
-    async def apply(self, partition: int, node: Node) -> Skip | None:
-        """Move the channel of ``partition`` to the start; what to skip of the deliveries
-        that follow, or None when the start was not applied."""
+    async def apply(self, partition: int, node: Node, ordered: bool) -> Skip | None:
+        """Move the channel of ``partition`` (``ordered``: an ordered subscription) to the
+        start; what to skip of the deliveries that follow, or None when nothing moved."""
         assert self.start is not None
         client = HttpClient()
         n = await stats(client, self.topic, partition, node, self.channel)
@@ -360,17 +375,24 @@ class StartPlan:
                 n.clients - 1,
             )
             return None
+        where = f"{self.topic}/{self.channel} partition {partition}"
+        at = start_offset(self.start, partition, n.earliest, n.end)
+        if at is not None and n.channel_offset == at:
+            # Moving it anyway would have nsqd deliver the message it holds ready twice.
+            self._done.add(partition)
+            log.info("%s: the channel is at the start already (queue offset %d)", where, at)
+            return None
         body = setoffset_body(self.start, partition, n.earliest, n.end)
         params = {"topic": self.topic, "partition": str(partition), "channel": self.channel}
-        await _request(
-            client, "POST", f"http://{http_address(node)}/channel/setoffset", params, body
-        )
+        url = f"http://{http_address(node)}/channel/setoffset"
+        r = await _answer(client, "POST", url, params, body)
+        if nothing_to_move(r.status, r.body) and n.earliest == n.end:
+            self._done.add(partition)
+            log.info("%s: nothing published yet; it starts with the first message", where)
+            return None
+        _ok(url, r)
         self._done.add(partition)
-        log.info(
-            "%s/%s partition %d: channel moved to %s",
-            self.topic,
-            self.channel,
-            partition,
-            body.decode(),
-        )
-        return skip_for(self.start, partition, n.earliest, n.end)
+        log.info("%s: channel moved to %s", where, body.decode())
+        # With messages to deliver, nsqd held one ready (see Skip).
+        held = n.channel_offset if n.depth else None
+        return skip_for(self.start, partition, n.earliest, n.end, held, ordered)

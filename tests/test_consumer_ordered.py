@@ -47,8 +47,12 @@ class Setup:
             **options,
         )
         features = SimpleNamespace(youzan=True, max_rdy_count=2500)
+        self.writes: list[bytes] = []
         conn = SimpleNamespace(
-            features=features, raw_write=print, raw_write_now=print, queue=lambda data: None
+            features=features,
+            raw_write=self.writes.append,
+            raw_write_now=self.writes.append,
+            queue=lambda data: None,
         )
         self.reader = Subscription(self.consumer._answers, "127.0.0.1:4150", conn, 3, ordered=True)  # type: ignore[arg-type]
         assert self.reader.straight
@@ -68,9 +72,9 @@ class Setup:
 def test_only_plain_ordered_readers_take_the_hot_path() -> None:
     s = Setup()
     assert s.on_messages.func == s.consumer._intake.on_ordered
-    # auto_touch stamps every message: the general path does.
+    # Touching needs only the arrival time, which the hot path stamps too.
     touching = Setup(auto_touch=True)
-    assert touching.on_messages.func == touching.consumer._intake.on_messages
+    assert touching.on_messages.func == touching.consumer._intake.on_ordered
     # A plain function handler runs in the worker threads, which take the general path.
     threaded = Setup(sync=True)
     assert threaded.on_messages.func == threaded.consumer._intake.on_messages
@@ -118,7 +122,8 @@ def test_a_message_stuck_on_many_attempts_is_reported(
     s = Setup(straight, blocked_warn_attempts=3, blocked_error_attempts=5)
     caplog.set_level(logging.WARNING, logger="smartnsq.consumer")
     for attempts in range(1, 7):
-        s.feed(frame(5, 100, attempts=attempts))
+        for msg in s.feed(frame(5, 100, attempts=attempts)):
+            s.consumer._answers.req(msg, None, False)  # failed: nsqd sends it again
     assert s.blocked == [3, 4, 5, 6]
     assert not s.violations
     levels = [r.levelno for r in caplog.records if "is blocked" in r.getMessage()]
@@ -131,3 +136,36 @@ def test_a_frame_too_short_for_its_offset_block_is_a_protocol_error(straight: bo
     short = encode_frame(FRAME_MESSAGE, encode_message(RawMessage(1, 1, b"i" * 16, b""))[:30])
     with pytest.raises(ProtocolError, match="ends before its offset block"):
         s.feed(short)
+
+
+@STRAIGHT
+def test_a_copy_of_the_message_in_progress_is_not_handed_on(straight: bool) -> None:
+    """nsqd sends an ordered message again when its timeout passes while the handler
+    runs: the copy waits for the first one's answer, which answers it too (same id)."""
+    s = Setup(straight)
+    (first,) = s.feed(frame(5, 100))
+    assert s.feed(frame(5, 100, attempts=2)) == []  # still being handled
+    assert s.reader.in_flight == 1 and s.writes == []
+    s.consumer._answers.fin(first)
+    assert s.writes == [b"FIN " + first.id + b"\n"] and s.reader.in_flight == 0
+    (after,) = s.feed(frame(6, 131))
+    assert after.offset == 131
+
+
+@STRAIGHT
+def test_the_same_delivery_twice_is_finished_again_not_handled_again(straight: bool) -> None:
+    s = Setup(straight)
+    (first,) = s.feed(frame(5, 100))
+    s.consumer._answers.fin(first)
+    assert s.feed(frame(5, 100)) == []  # the same attempts: the delivery already answered
+    assert s.writes == [b"FIN " + first.id + b"\n"] * 2 and s.reader.in_flight == 0
+    assert s.consumer.stats().received == 1
+
+
+@STRAIGHT
+def test_a_redelivery_after_a_requeue_is_handled(straight: bool) -> None:
+    s = Setup(straight)
+    (first,) = s.feed(frame(5, 100))
+    s.consumer._answers.req(first, None, False)
+    (again,) = s.feed(frame(5, 100, attempts=2))
+    assert again.id == first.id and again.attempts == 2 and s.reader.in_flight == 1

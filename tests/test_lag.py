@@ -10,7 +10,14 @@ from compat.youzan import create_topic
 from smartnsq import Consumer, Message, Producer
 from smartnsq.errors import InvalidArgument, NsqdHttpFailed
 from smartnsq.lag import ChannelLag, channel_lag, classic_lag
-from tests.helpers import create_channel, lookupds, unique, unused_address, wait_for
+from tests.helpers import (
+    create_channel,
+    lookupds,
+    unique,
+    unused_address,
+    wait_for,
+    wait_until,
+)
 
 asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
@@ -127,6 +134,45 @@ async def test_youzan_lag_per_partition(youzan_cluster) -> None:
             await producer.publish(topic, b"b%d" % i, partition=1)
     result = await channel_lag(topic, channel, lookupd_http_addresses=lookupds(youzan_cluster))
     assert {r.partition: r.messages for r in result} == {0: 5, 1: 3}
+
+
+@pytest.mark.integration
+@pytest.mark.anyio
+@asyncio_only
+async def test_youzan_lag_counts_each_partition_once_however_asked(youzan_cluster) -> None:
+    """Through nsqd HTTP the fork's answer was read as classic nsqd's: only the first
+    partition of each nsqd, its depth (which counts what is in flight) plus in flight again;
+    a lookupd consumer asked with nsqd addresses as well counted every partition twice."""
+    topic, channel = unique("lagp"), "c"
+    create_topic(youzan_cluster, topic, partitions=4, replicas=2, channel=channel, multipart=True)
+    waiting = {0: 3, 1: 4, 2: 5, 3: 6}
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        for p, n in waiting.items():
+            await producer.publish_many(topic, [b"x"] * n, partition=p)
+    held: list[Message] = []
+    release = anyio.Event()
+
+    async def hold(message: Message) -> None:
+        held.append(message)
+        await release.wait()
+
+    lookupd = lookupds(youzan_cluster)
+    nsqds = [d.http for d in youzan_cluster.nsqd]
+    async with Consumer(
+        topic, channel, hold, lookupd_http_addresses=lookupd, max_in_flight=8
+    ) as consumer:
+        await wait_until(lambda: len(held) >= 4, 30, "messages in flight")
+        answers = {
+            "lookupd": await channel_lag(topic, channel, lookupd_http_addresses=lookupd),
+            "nsqd": await channel_lag(topic, channel, nsqd_http_addresses=nsqds),
+            "both": await channel_lag(
+                topic, channel, lookupd_http_addresses=lookupd, nsqd_http_addresses=nsqds
+            ),
+            "consumer": await consumer.lag(nsqd_http_addresses=nsqds),
+        }
+        release.set()
+    for how, result in answers.items():
+        assert sorted((r.partition, r.messages) for r in result) == sorted(waiting.items()), how
 
 
 @pytest.mark.integration

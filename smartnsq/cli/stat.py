@@ -57,8 +57,8 @@ def command(
     count: int | None,
 ) -> int:
     """Show nsqd nodes, topics (on Youzan: partitions, leader, replicas) and channels with
-    lag (messages not consumed yet, per partition on Youzan), depth (in memory and on disk),
-    in-flight and message rates. Only TOPIC when given."""
+    lag (messages not consumed yet, per partition on Youzan), depth in messages (in memory and
+    on disk; on Youzan also in bytes), in-flight and message rates. Only TOPIC when given."""
     options = common()
     if topic and topic_flag and topic != topic_flag:
         raise click.UsageError("give the topic once: TOPIC or --topic")
@@ -180,11 +180,11 @@ def render(snapshot: Snapshot) -> Group:
     rate = f"msg/s ({snapshot.interval:.1f}s)"
     topics = Table(title="topics", title_justify="left")
     for col in ("topic", "partition", "nsqd (leader)", "replicas", "depth", "mem", "disk",
-                "messages", rate):  # fmt: skip
+                "bytes", "messages", rate):  # fmt: skip
         topics.add_column(col, justify="left" if col in _TEXT_COLUMNS else "right")
     channels = Table(title="channels", title_justify="left")
-    cols = ("topic", "channel", "lag", "by partition", "depth", "mem", "disk", "in flight",
-            "deferred", "requeued", "timed out", "clients", "messages", rate,
+    cols = ("topic", "channel", "lag", "by partition", "depth", "mem", "disk", "bytes",
+            "in flight", "deferred", "requeued", "timed out", "clients", "messages", rate,
             "egress/s")  # fmt: skip
     for col in cols:
         channels.add_column(col, justify="left" if col in ("topic", "channel") else "right")
@@ -194,7 +194,7 @@ def render(snapshot: Snapshot) -> Group:
             topics.add_row(
                 t["topic"], _n(p["partition"]), p["leader"] or "[red]none[/red]", replicas,
                 _n(p.get("depth")), _n(p.get("memory_depth")), _n(p.get("disk_depth")),
-                _n(p.get("messages")), _n(p.get("rate")),
+                _n(p.get("bytes")), _n(p.get("messages")), _n(p.get("rate")),
             )  # fmt: skip
         for c in t["channels"]:
             name = c["channel"] + (" (paused)" if c.get("paused") else "")
@@ -203,7 +203,8 @@ def render(snapshot: Snapshot) -> Group:
             channels.add_row(
                 t["topic"], name, _n(c["lag"]), by_partition, _n(c["depth"]),
                 _n(c.get("memory_depth")),
-                _n(c.get("disk_depth")), _n(c["in_flight"]), _n(c["deferred"]),
+                _n(c.get("disk_depth")), _n(c.get("bytes")), _n(c["in_flight"]),
+                _n(c["deferred"]),
                 _n(c["requeued"]), _n(c["timed_out"]), _n(c["clients"]), _n(c["messages"]),
                 _n(c.get("rate")), _n(c.get("egress_rate")),
             )  # fmt: skip

@@ -2,7 +2,9 @@
 
 Classic and Youzan nsqd answer /stats alike, except that the fork has one entry per topic
 partition (``topic_partition``) on every node holding a replica of it, with ``is_leader`` on
-the one that serves it. Totals count leaders only, so replicas are not counted twice.
+the one that serves it. Totals count leaders only, so replicas are not counted twice. The
+fork's topic ``depth`` is in bytes: shown as ``bytes``, beside a depth in messages (what the
+partition retains, told only while nothing was cleaned up); a channel's ``depth_size`` too.
 """
 
 from __future__ import annotations
@@ -171,6 +173,7 @@ def _channel(
 ) -> dict[str, Any]:
     row: dict[str, Any] = {k: _int(c.get(v)) for k, v in _CHANNEL_FIELDS.items()}
     row["memory_depth"] = _memory_depth(c)
+    row["bytes"] = _int(c.get("depth_size")) if partitioned else None
     # Messages not consumed yet (smartnsq.lag): a Youzan partition's channel depth already
     # counts what is in flight; classic nsqd keeps in-flight and deferred apart from depth.
     row["lag"] = row["depth"] if partitioned else row["depth"] + row["in_flight"] + row["deferred"]
@@ -193,6 +196,10 @@ def _add(total: dict[str, Any], row: dict[str, Any]) -> None:
     for k, v in row.items():
         if k in ("rate", "egress_rate"):  # None: no earlier sample to compare with
             total[k] = None if v is None else (total.get(k) or 0) + v
+        elif k in ("depth", "memory_depth", "disk_depth", "bytes"):  # None: not told
+            total[k] = (
+                None if v is None or (k in total and total[k] is None) else (total.get(k, 0) + v)
+            )
         elif isinstance(v, bool):
             total[k] = total.get(k, False) or v
         elif isinstance(v, int | float):
@@ -249,12 +256,19 @@ def summarize(
         part["leader"] = tcp_of.get(node, node)
         messages = _int(t.get("message_count"))
         old_messages = None if old is None else _int(old.get("message_count"))
-        part.update(
-            depth=_int(t.get("depth")),
-            memory_depth=_memory_depth(t),
-            disk_depth=_int(t.get("backend_depth")),
-            messages=messages,
-        )
+        if partition is None:
+            part.update(
+                depth=_int(t.get("depth")),
+                memory_depth=_memory_depth(t),
+                disk_depth=_int(t.get("backend_depth")),
+                bytes=None,
+            )
+        else:  # the fork: every message on disk; depth and backend_depth are bytes
+            retained = messages if _int(t.get("backend_start")) == 0 else None
+            part.update(
+                depth=retained, memory_depth=0, disk_depth=retained, bytes=_int(t.get("depth"))
+            )
+        part["messages"] = messages
         part["rate"] = _rate(messages, old_messages, dt)
         old_channels = {c.get("channel_name"): c for c in (old or {}).get("channels") or []}
         for c in t.get("channels") or []:
@@ -274,9 +288,8 @@ def _topic_totals(topic: dict[str, Any]) -> dict[str, Any]:
     parts = list(topic.pop("parts").values())
     channels: dict[str, dict[str, Any]] = {}
     for part in parts:
-        _add(
-            topic, {k: part.get(k, 0) for k in ("depth", "memory_depth", "disk_depth", "messages")}
-        )
+        keys = ("depth", "memory_depth", "disk_depth", "bytes", "messages")
+        _add(topic, {k: part.get(k, 0) for k in keys})
         if part.get("rate") is not None:
             topic["rate"] = (topic["rate"] or 0) + part["rate"]
         for cname, row in part["channels"].items():

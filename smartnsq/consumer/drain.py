@@ -127,12 +127,23 @@ class Drain:
             draining.deadline = min(draining.deadline, anyio.current_time() + timeout)
 
     async def touch_loop(self) -> None:
-        """``auto_touch``: TOUCH running handlings' messages at half nsqd's timeout."""
+        """``auto_touch``: TOUCH running handlings' messages at half nsqd's timeout (with
+        ``None``, those of ordered partitions only), looking at least four times per
+        timeout."""
+        every = self.state.options.auto_touch is True
         while True:
-            await anyio.sleep(1.0)
+            timeouts = [s.conn.features.msg_timeout for s in self.state.subs.values()]
+            await anyio.sleep(min([1.0, *(t / 4 for t in timeouts if t > 0)]))
             now = time.monotonic()
-            for msg in self.running():
-                features = msg._reader.conn.features  # type: ignore[attr-defined]
+            running = self.running()
+            pulled = self.workers.pulled
+            if pulled is not None and not pulled._responded and pulled._reader.ordered:  # type: ignore[attr-defined]
+                running.append(pulled)  # its partition waits for it too
+            for msg in running:
+                reader = msg._reader
+                if not (every or reader.ordered):  # type: ignore[attr-defined]
+                    continue
+                features = reader.conn.features  # type: ignore[attr-defined]
                 if msg._responded or now - msg._received >= features.max_msg_timeout:
                     continue
                 if now - msg._touched >= features.msg_timeout / 2:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import anyio
@@ -90,7 +91,7 @@ class Consumer:
         rdy_redistribute_interval: float = 5.0,
         low_rdy_idle_timeout: float = 10.0,
         concurrency: int | None = None,
-        auto_touch: bool = False,
+        auto_touch: bool | None = None,
         msg_timeout: float | None = None,
         heartbeat_interval: float = 30.0,
         on_giving_up: GivingUp | None = None,
@@ -176,7 +177,9 @@ class Consumer:
                 ``def`` handler: [handlers][consumer-handlers]), an int >= 1; default
                 ``max_in_flight``, kept between 1 and 100.
             auto_touch: Whether to TOUCH messages whose handler is still running, from half
-                of nsqd's message timeout on ([handlers][consumer-handlers]). Default False.
+                of nsqd's message timeout on ([handlers][consumer-handlers]). ``None``
+                (default): on Youzan ordered partitions only, so that nsqd never hands a
+                slow handler's message out again while it runs ([ordered][ordered-slow]).
             msg_timeout: How long nsqd waits for an answer to a message before delivering it
                 again, sent in IDENTIFY (nsqd caps it at ``--max-msg-timeout``). Default None:
                 nsqd's ``--msg-timeout`` (60 s by default).
@@ -381,6 +384,8 @@ class Consumer:
             self._state.spawn(self._answers.dead.run)
         if self._options.auto_touch:
             self._state.spawn(self._drain.touch_loop)
+        elif self._options.auto_touch is None:  # once an ordered partition is subscribed
+            self._intake.start_touching = partial(self._state.spawn, self._drain.touch_loop)
         if self._options.async_handler:
             self._state.spawn(self._workers.run)
 

@@ -9,6 +9,7 @@ Counters and RDY top-ups are settled once per read.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import time
@@ -21,9 +22,10 @@ from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
 from smartnsq.consumer.threads import Threads, build_message
 from smartnsq.consumer.workers import Workers
-from smartnsq.errors import ProtocolError
+from smartnsq.errors import ConnectionClosed, ProtocolError
 from smartnsq.message import Message, id_text
 from smartnsq.ordered.validation import OrderChecker
+from smartnsq.protocol import commands
 from smartnsq.protocol.compress import maybe_compressed, unpack
 from smartnsq.protocol.frames import Span
 from smartnsq.protocol.message import CLASSIC, OFFSET_HEAD, decode_message
@@ -50,6 +52,7 @@ class Intake:
         "raw_sink",
         "read_sink",
         "sink",
+        "start_touching",
         "state",
         "threads",
         "trace",
@@ -66,6 +69,8 @@ class Intake:
         self.raw_sink: RawSink | None = None
         self.sink: Sink | None = None
         self.read_sink: ReadSink | None = None
+        # Starts the touch loop when the first ordered partition is subscribed (auto_touch None).
+        self.start_touching: Callable[[], object] | None = None
 
     def set_raw_sink(self, sink: RawSink) -> None:
         """See :meth:`smartnsq.consumer.Sinks.set_raw`."""
@@ -91,15 +96,58 @@ class Intake:
     def attach(self, sub: Subscription, conn: Connection) -> None:
         """Route the message frames of the connection's reads to the subscription."""
         options = self.state.options
-        if sub.straight and options.async_handler and not options.auto_touch:
+        if sub.straight and options.async_handler:
             conn.on_messages = partial(self.on_ordered, sub)
             conn.before_read = None  # it reads the clock itself: one call fewer per message
         else:
             conn.on_messages = partial(self.on_messages, sub)
             conn.before_read = sub.before_read
+        if sub.ordered and self.start_touching is not None:
+            start, self.start_touching = self.start_touching, None
+            start()
+
+    def repeats(self, sub: Subscription, src: bytes, spans: list[Span]) -> list[Span]:
+        """An ordered partition's message frames less repeats of the message last handed on.
+
+        nsqd sends that message again when its timeout passes while the handler still runs
+        (or after a reset of the channel's position): the copy is not handed on, so that
+        one handler at a time runs per partition; the answer to the first, still to come,
+        answers the copy too (same id). A copy with the same attempts that comes after the
+        answer is the same delivery sent twice: finished again, not handled again. A
+        redelivery after a requeue has more attempts and is handled.
+        """
+        fresh = []
+        for span in spans:
+            _, start, end = span
+            if end - start < 26:  # the decoding that follows raises ProtocolError
+                fresh.append(span)
+                continue
+            mid = src[start + 10 : start + 26]
+            attempts = _unpack_head(src, start)[1]
+            if mid == sub.last_id:
+                if sub.in_flight:
+                    log.debug(
+                        "%s: message %s delivered again while handled", sub.address, mid.hex()
+                    )
+                    continue
+                if attempts == sub.last_attempts:
+                    log.debug(
+                        "%s: message %s delivered twice; finished again", sub.address, mid.hex()
+                    )
+                    with contextlib.suppress(ConnectionClosed):
+                        sub.write(commands.fin(mid))
+                    continue
+            sub.last_id = mid
+            sub.last_attempts = attempts
+            fresh.append(span)
+        return fresh
 
     def on_messages(self, sub: Subscription, src: bytes, spans: list[Span]) -> None:
         """Every message frame of one read."""
+        if sub.ordered:
+            spans = self.repeats(sub, src, spans)
+            if not spans:
+                return
         state = self.state
         options = state.options
         n = len(spans)
@@ -170,6 +218,9 @@ class Intake:
         if state.stopping or self.trace.active or sub.skip is not None:
             self.on_messages(sub, src, spans)
             return
+        spans = self.repeats(sub, src, spans)
+        if not spans:
+            return
         n = len(spans)  # the counters as in on_messages; an ordered RDY is never topped up
         sub.in_flight += n
         sub.rdy_left -= n
@@ -201,6 +252,7 @@ class Intake:
             msg._reader = sub
             msg._responded = False
             msg._auto = True
+            msg._received = msg._touched = now
             if internal_id < checker.last_id or offset < checker.last_offset or attempts >= warn_at:
                 self.check_order(sub, msg)  # logs and callbacks
             else:
@@ -222,15 +274,14 @@ class Intake:
         msg._reader = sub
         msg._responded = False
         msg._auto = True
-        if options.auto_touch:
+        if options.auto_touch or sub.ordered:
             msg._received = msg._touched = sub.batch_time
         skip = sub.skip
         if skip is not None:
-            if skip.stale(msg.offset, msg.timestamp):
-                answers.fin(msg, count=False)  # from before the start position
+            stale, sub.skip = skip.check(msg.offset, msg.timestamp, msg.attempts)
+            if stale:
+                answers.fin(msg, count=False)  # from before the start, or it comes again
                 return False
-            if skip.below_offset is None:
-                sub.skip = None  # times need not rise: only the first deliveries are suspect
         if sub.ordered:
             self.check_order(sub, msg)
         if self.trace.active and self.trace.enabled(options.topic):

@@ -250,7 +250,7 @@ class Nodes:
             await conn.request(subscribe(options.topic, options.channel, partition), timeout=10)
             if partition is not None and start.pending(partition):
                 # Before any RDY: nothing is delivered from the old position.
-                sub.skip = await start.apply(partition, self.nodes[target])
+                sub.skip = await start.apply(partition, self.nodes[target], ordered)
         except Exception as exc:  # the connection's loop raises it (one bad node, not all)
             attempt.refused = exc
             await conn.close(timeout=0)

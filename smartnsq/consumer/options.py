@@ -83,7 +83,7 @@ class Options:
     rdy_redistribute_interval: float = 5.0
     low_rdy_idle_timeout: float = 10.0
     concurrency: int | None = None
-    auto_touch: bool = False
+    auto_touch: bool | None = None
     msg_timeout: float | None = None
     heartbeat_interval: float = 30.0
     on_giving_up: GivingUp | None = None
@@ -141,7 +141,7 @@ class Options:
         check_bool("backoff", self.backoff)
         check_number("lookupd_poll_jitter", self.lookupd_poll_jitter)
         check_number("concurrency", self.concurrency, integer=True, allow_none=True)
-        check_bool("auto_touch", self.auto_touch)
+        check_bool("auto_touch", self.auto_touch, allow_none=True)
         check_bool("ordered", self.ordered, allow_none=True)
         check_bool("ext", self.ext, allow_none=True)
         if self.desired_tag is not None:

@@ -40,6 +40,8 @@ class Subscription:
         "batch_time",
         "conn",
         "in_flight",
+        "last_attempts",
+        "last_id",
         "last_message",
         "layout",
         "max_rdy",
@@ -88,6 +90,9 @@ class Subscription:
         self.rdy_left = 0
         self.in_flight = 0
         self.received = 0
+        # Ordered: the id and attempts of the message last handed on (see Intake.repeats).
+        self.last_id = b""
+        self.last_attempts = 0
         now = time.monotonic()
         self.last_message = now
         self.rdy_since = now

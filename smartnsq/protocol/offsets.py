@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias
 
 from smartnsq.errors import InvalidArgument, InvalidType, ProtocolError
@@ -141,6 +141,19 @@ def check_start(value: Any, partitions: frozenset[int] | None = None) -> StartAt
     )
 
 
+def start_offset(start: StartAt, partition: int, earliest: int, end: int) -> int | None:
+    """The queue offset ``start`` moves ``partition`` to; None for a time (the fork finds
+    the offset itself)."""
+    if start.kind == "earliest":
+        return earliest
+    if start.kind == "latest":
+        return end
+    if start.kind == "time":
+        return None
+    assert start.offsets is not None
+    return start.offsets[partition]
+
+
 def setoffset_body(start: StartAt, partition: int, earliest: int, end: int) -> bytes:
     """The body of ``POST /channel/setoffset`` that moves ``partition`` to ``start``.
 
@@ -148,14 +161,17 @@ def setoffset_body(start: StartAt, partition: int, earliest: int, end: int) -> b
     are sent as those exact offsets, so the position set is known (and a retention clean-up
     of the first messages does not make "the first message ever" fail).
     """
-    if start.kind == "earliest":
-        return b"virtual_queue:%d" % earliest
-    if start.kind == "latest":
-        return b"virtual_queue:%d" % end
-    if start.kind == "time":
+    offset = start_offset(start, partition, earliest, end)
+    if offset is None:
         return b"timestamp:%d" % start.value
-    assert start.offsets is not None
-    return b"virtual_queue:%d" % start.offsets[partition]
+    return b"virtual_queue:%d" % offset
+
+
+def nothing_to_move(status: int, body: bytes) -> bool:
+    """Whether ``/channel/setoffset`` answered that the partition holds nothing to move to:
+    the fork's HTTP 500 "commit log end of file", which it gives for any position of a
+    partition nothing was published to."""
+    return status == 500 and b"commit log end of file" in body
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,31 +179,63 @@ class Skip:
     """Which deliveries right after a start are left over from before it.
 
     nsqd's channel reads one message ahead even with no client ready; a reset of the
-    channel's position still delivers that message (nsqd/channel.go, "retry delivering msg
-    to client, regardless reset result"). Those are answered (FIN) and not handed on. An
+    channel's position still delivers that message first (nsqd/channel.go, "retry
+    delivering msg to client, regardless reset result"), and then again in its place. An
     offset below the start is stale whenever it comes (a message in flight before the reset
     and requeued later, say); a timestamp only until the first fresh delivery, as message
-    times within a partition need not rise.
+    times within a partition need not rise. The message held ready is the channel's position
+    on an ordered channel (``held``: answered, not handed on, when it comes first); an
+    unordered channel reads further ahead, so there the first delivery off the start is
+    handed on and its copy in its place answered (``watch``, then ``again``).
     """
 
     below_offset: int | None = None  # queue offsets under this one are stale
     before_ns: int | None = None  # message timestamps (ns) under this one are stale
+    at: int | None = None  # the start's queue offset; None for a time
+    held: int | None = None  # ordered: the offset of the message held ready (first only)
+    watch: bool = False  # unordered: the first delivery, if off the start, comes again
+    again: tuple[int, int] | None = None  # (offset, attempts) of that first delivery
 
     def stale(self, offset: int | None, timestamp: int) -> bool:
         if self.below_offset is not None and offset is not None and offset < self.below_offset:
             return True
         return self.before_ns is not None and timestamp < self.before_ns
 
+    def check(self, offset: int | None, timestamp: int, attempts: int) -> tuple[bool, Skip | None]:
+        """Whether a delivery is stale (to be answered, not handed on), and what to skip
+        from then on."""
+        first = self.held is not None or self.watch
+        if not first and self.again is None and self.before_ns is None:
+            return self.stale(offset, timestamp), self  # the usual case: nothing changes
+        after = replace(self, held=None, watch=False) if first else self
+        if first and offset == self.held and offset != self.at:
+            return True, after
+        again = self.again
+        if again is not None and offset == again[0] and attempts <= again[1]:
+            return True, replace(after, again=None)
+        if self.stale(offset, timestamp):
+            return True, after
+        if first and self.watch and offset is not None and offset != self.at:
+            again = (offset, attempts)
+        # Fresh: times need not rise, so nothing more by time.
+        if after.below_offset is None and again is None:
+            return False, None
+        return False, replace(after, before_ns=None, again=again)
 
-def skip_for(start: StartAt, partition: int, earliest: int, end: int) -> Skip:
-    if start.kind == "earliest":
-        return Skip(below_offset=earliest)
-    if start.kind == "latest":
-        return Skip(below_offset=end)
-    if start.kind == "time":
-        return Skip(before_ns=start.value * 1_000_000_000)
-    assert start.offsets is not None
-    return Skip(below_offset=start.offsets[partition])
+
+def skip_for(
+    start: StartAt, partition: int, earliest: int, end: int, held: int | None, ordered: bool
+) -> Skip:
+    """What to skip after moving ``partition`` to ``start``; ``held``: the channel's
+    position before the move when it had messages to deliver, else None."""
+    at = start_offset(start, partition, earliest, end)
+    return Skip(
+        below_offset=at,
+        before_ns=start.value * 1_000_000_000 if at is None else None,
+        at=at,
+        held=held if ordered else None,
+        watch=held is not None and not ordered,
+    )
 
 
 @dataclass(frozen=True, slots=True)

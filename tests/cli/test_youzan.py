@@ -128,6 +128,37 @@ def test_pub_key_and_trace_and_stat_replicas(youzan_cluster):
     assert cells[3] == leaders[wanted] and cells[4] == leaders[1 - wanted]  # leader, replica
 
 
+def test_stat_depth_is_in_messages_on_youzan_bytes_apart(youzan_cluster):
+    """The fork's topic depth is its data size in bytes: it was shown in the depth column,
+    which means messages everywhere else."""
+    topic = unique("cli_ysd")
+    create_topic(youzan_cluster, topic, partitions=2, replicas=1, channel="ch")
+    for p, n in ((0, 30), (1, 5)):
+        pub = run_cli(
+            "pub", *addresses(youzan_cluster), "--partition", str(p), topic,
+            input=lines_of(*(f"m{i}" for i in range(n))),
+        )  # fmt: skip
+        assert pub.returncode == 0, pub.stderr
+    wait_for(lambda: _channel_depths(_stat(youzan_cluster, topic)) == {0: 30, 1: 5}, what="depth")
+    found = _stat(youzan_cluster, topic)
+    depths = {
+        p["partition"]: (p["depth"], p["disk_depth"], p["messages"]) for p in found["partitions"]
+    }
+    assert depths == {0: (30, 30, 30), 1: (5, 5, 5)}
+    assert (found["depth"], found["messages"]) == (35, 35)
+    sizes = {p["partition"]: p["bytes"] for p in found["partitions"]}
+    assert sizes[0] > 30 * len("m10") and found["bytes"] == sizes[0] + sizes[1]
+    (channel,) = found["channels"]
+    assert (channel["depth"], channel["lag"]) == (35, 35) and channel["bytes"] == found["bytes"]
+
+    table = run_cli("stat", *addresses(youzan_cluster), "--interval", "0.2", topic)
+    assert table.returncode == 0, table.stderr
+    row = next(r for r in table.stdout.decode().splitlines() if topic in r and "│ 0 " in r)
+    cells = [c.strip() for c in row.split("│")]
+    assert cells[5:8] == ["30", "0", "30"]  # depth, mem, disk: messages
+    assert cells[8] == f"{sizes[0]:,}"  # bytes
+
+
 def test_pub_key_through_nsqd_alone_on_youzan_asks_for_lookupd(youzan_cluster):
     # The partition count comes from lookupd: without it a key cannot pick a partition.
     nsqd = youzan_cluster.nsqd[0]

@@ -7,6 +7,7 @@ import contextvars
 import json
 import logging
 import signal
+import time
 from collections import defaultdict
 
 import anyio
@@ -142,6 +143,58 @@ async def test_ordered_async_handler_that_has_to_wait(youzan_cluster, anyio_back
     assert all(a == ([1, 2] if n % 7 == 0 or n % 11 == 0 else [1]) for n, a in attempts.items())
     assert None not in tasks and len(tasks) <= 2
     assert contexts == {"set before the consumer started"}
+
+
+@pytest.mark.parametrize("kind", ["async", "thread"])
+async def test_a_slow_ordered_handler_never_runs_twice_at_once(
+    youzan_cluster, anyio_backend, kind, caplog
+):
+    """A handler longer than nsqd's message timeout: the fork sent the message again while
+    the first run went on, and the copy was handled too, beside it (two handlers on one
+    partition, the copy's FIN refused). The consumer keeps an ordered message alive (TOUCH)
+    and drops a copy of the message in progress."""
+    topic = unique("slow")
+    create_topic(youzan_cluster, topic, partitions=2, replicas=1, ordered=True, channel="ch")
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        for n in range(4):
+            await producer.publish(topic, b"%d" % n, partition=n % 2)
+
+    calls: list[tuple[int | None, int | None, int]] = []
+    running: dict[int | None, int] = defaultdict(int)
+    overlaps: list[int | None] = []
+
+    def begin(message: Message) -> None:
+        calls.append((message.partition, message.offset, message.attempts))
+        if running[message.partition]:
+            overlaps.append(message.partition)
+        running[message.partition] += 1
+
+    async def handle_async(message: Message) -> None:
+        begin(message)
+        await anyio.sleep(3.0)
+        running[message.partition] -= 1
+
+    def handle_in_a_thread(message: Message) -> None:
+        begin(message)  # a list append and a dict update: safe from a thread here
+        time.sleep(3.0)
+        running[message.partition] -= 1
+
+    caplog.set_level(logging.WARNING, logger="smartnsq.consumer")
+    async with Consumer(
+        topic,
+        "ch",
+        handle_async if kind == "async" else handle_in_a_thread,
+        lookupd_http_addresses=lookupds(youzan_cluster),
+        max_in_flight=2,
+        msg_timeout=2,
+    ) as consumer:
+        # Each run outlasts the timeout: a copy would come while it runs, before its FIN.
+        await wait_until(lambda: consumer.stats().finished == 4, 30, "4 messages finished")
+        stats = consumer.stats()
+    assert not overlaps
+    assert sorted(calls) == sorted({(p, o, 1) for p, o, _ in calls}) and len(calls) == 4
+    assert (stats.received, stats.finished, stats.requeued) == (4, 4, 0)
+    assert not [r for r in caplog.records if "E_FIN_FAILED" in r.getMessage()]
 
 
 async def test_backoff_probe_moves_on_from_a_partition_with_nothing_to_send(

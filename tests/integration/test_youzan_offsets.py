@@ -64,8 +64,7 @@ async def consume(cluster, topic: str, channel: str, expected: int, **options) -
         channel,
         got.append,
         lookupd_http_addresses=lookupds(cluster),
-        max_in_flight=20,
-        **options,
+        **{"max_in_flight": 20, **options},
     ):
         await wait_until(lambda: len(got) >= expected, 30, f"{expected} messages")
         await drained(cluster, topic, channel)
@@ -376,3 +375,98 @@ async def test_advanced_on_an_ext_topic_keeps_headers_and_offsets(youzan_cluster
     assert (two.body, two.headers, two.offset) == (b"two", {}, one.raw_size)
     end = (await offsets(youzan_cluster, topic))[0].end
     assert two.offset + two.raw_size == end
+
+
+async def consume_once(cluster, topic: str, expected: int, **options) -> list[Message]:
+    """:func:`consume`, checking that no ordered partition went backwards."""
+    violations: list[Message] = []
+    got = await consume(
+        cluster,
+        topic,
+        "ch",
+        expected,
+        on_order_violation=lambda m, i, o: violations.append(m),
+        **options,
+    )
+    assert not violations
+    return got
+
+
+async def test_start_earliest_on_an_ordered_channel_at_its_start_delivers_each_once(
+    youzan_cluster, anyio_backend, caplog
+):
+    """The channel is at the earliest message already: moving it there anyway had the fork
+    deliver the first message or two of each partition twice (one FIN refused)."""
+    topic = unique("oearly")
+    create_topic(youzan_cluster, topic, partitions=2, ordered=True, channel="ch")
+    sent = await publish(youzan_cluster, topic, "a", 4)
+    caplog.set_level(logging.WARNING, logger="smartnsq.consumer")
+    got = await consume_once(youzan_cluster, topic, len(sent), start="earliest")
+    assert not [r for r in caplog.records if "E_FIN_FAILED" in r.getMessage()]
+    assert [(m.partition, m.body) for m in got if m.partition == 0] == [
+        b for b in sent if b[0] == 0
+    ]
+    assert bodies(got) == Counter(sent)
+
+
+@pytest.mark.parametrize("start", ["earliest", "offset", "time"])
+@pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "unordered"])
+async def test_start_over_a_half_consumed_backlog_delivers_each_once(
+    youzan_cluster, anyio_backend, ordered, start
+):
+    """The channel has messages waiting: nsqd holds the one at its position ready and
+    delivers it first after the move, then again in its place (and on an ordered channel
+    the first message twice, the first copy's FIN refused: a warning, nothing handled
+    twice)."""
+    topic = unique("ohalf")
+    create_topic(youzan_cluster, topic, partitions=1, ordered=ordered, channel="ch")
+    before = math.floor(time.time()) - 1  # a time before every message
+    sent = await publish(youzan_cluster, topic, "a", 8, partitions=(0,))
+    held: list[Message] = []
+    release = anyio.Event()
+
+    async def hold(message: Message) -> None:
+        held.append(message)
+        if len(held) >= 4:
+            await release.wait()  # the fourth is in flight when the consumer leaves
+
+    async with Consumer(
+        topic,
+        "ch",
+        hold,
+        lookupd_http_addresses=lookupds(youzan_cluster),
+        max_in_flight=1,
+        advanced=True,
+    ) as first:
+        await wait_until(lambda: len(held) == 4, 30, "4 messages handed on")
+        await first.stop(timeout=0)
+    release.set()
+    position = {"earliest": "earliest", "time": before, "offset": {0: held[1].offset}}[start]
+    if start == "offset":  # from the second message on
+        sent = sent[1:]
+    got = await consume_once(youzan_cluster, topic, len(sent), start=position, max_in_flight=1)
+    assert bodies(got) == Counter(sent)  # each once
+    if ordered:
+        assert [m.body for m in got] == [b for _, b in sent]  # in order
+
+
+@pytest.mark.parametrize("start", ["earliest", "latest", "time"])
+async def test_start_on_an_empty_partition_subscribes_at_once(youzan_cluster, anyio_backend, start):
+    """The fork answers a move on a partition nothing was published to with HTTP 500
+    "commit log end of file": that is nothing to move, not a failed connection (which
+    backed off for seconds before the first message came)."""
+    topic = unique("empty")
+    create_topic(youzan_cluster, topic, partitions=2, channel="ch")
+    got: list[Message] = []
+    async with Consumer(
+        topic,
+        "ch",
+        got.append,
+        lookupd_http_addresses=lookupds(youzan_cluster),
+        start=time.time() - 60 if start == "time" else start,
+    ) as consumer:
+        await wait_until(lambda: consumer.stats().connections == 2, 5, "both partitions")
+        new = await publish(youzan_cluster, topic, "new", 1)
+        await wait_until(lambda: len(got) == len(new), 5, "the new messages")
+        assert consumer.last_error is None
+    assert bodies(got) == Counter(new)
