@@ -148,8 +148,11 @@ class ProducerCore(PublishPlanner, Generic[N]):
                 are asked again (with some jitter), in seconds, default 60.0. Cluster errors
                 (a partition moved, its leader changed) refresh it at once.
             sharding: How a ``sharding_key`` maps to a Youzan partition: ``"go"`` (default;
-                go-nsq's MurmurHash3 mapping), ``"java"`` (the Java SDK's ``hashCode`` mapping) or
-                a callable ``(key, partition_count) -> partition``.
+                go-nsq's MurmurHash3 mapping), ``"java"`` (the Java SDK's ``hashCode`` mapping:
+                a ``str`` key, or UTF-8 ``bytes``, matches ``setTopicShardingIDString``, an
+                ``int`` key in Java's long range ``setTopicShardingIDLong``; other keys raise
+                [`InvalidArgument`][smartnsq.errors.InvalidArgument]) or a callable
+                ``(key, partition_count) -> partition``.
             connections_per_nsqd: Most connections opened to one nsqd, an int >= 1, default 1.
                 Requests are pipelined on each; more connections help only when one is
                 saturated.
