@@ -470,7 +470,8 @@ class PublishPlanner:
 
 def timeout_error(limit: float) -> NSQTimeout:
     return NSQTimeout(
-        f"publish not acknowledged within {limit}s; it may or may not have been published"
+        f"publish not acknowledged within {limit}s; it may or may not have been published "
+        "(nsqd may store it, even later); it is not sent again"
     )
 
 

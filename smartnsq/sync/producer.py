@@ -133,13 +133,14 @@ class Producer(SyncPublisher[_Node]):
             node.lock.release()
 
     def _discard(self, node: _Node, conn: SyncConnection, close: bool, exc: Exception) -> None:
-        if close:
-            conn.close(0.0)
         if isinstance(exc, ConnectionClosed):  # no callback tells a blocking producer
             self._forget(node, conn)
+        elif close and node.drop(conn):
+            conn.retire()  # its other requests may still be answered, within their time
 
     def _suspect(self, node: _Node, conn: SyncConnection) -> None:
         self._timed_out(node)
         if node.drop(conn):
-            # Its other requests fail at once and are retried elsewhere within their time.
-            conn.close(0.0)
+            # Closed once no thread waits on it: the others wait for their answers until
+            # their own deadlines (failing them would leave their outcome unknown sooner).
+            conn.retire()
