@@ -16,7 +16,7 @@ import anyio.abc
 
 from smartnsq._checks import FORKS, owner, wrong_owner
 from smartnsq.connection import Connection
-from smartnsq.errors import NSQError, NSQTimeout
+from smartnsq.errors import ConfigRefused, NSQError, NSQTimeout
 from smartnsq.lookup.model import TopicLayout
 from smartnsq.publish_io import AsyncPublisher
 from smartnsq.publishing import (
@@ -51,6 +51,11 @@ class Producer(AsyncPublisher[_Node]):
     An nsqd that cannot be reached, does not speak NSQ or lets a publish time out is avoided
     for a while (growing with each failure), then tried again by one request at a time.
 
+    Entering it connects to the configured nsqd (``nsqd_tcp_addresses``) until one
+    answers: settings nsqd refuses raise [`ConfigRefused`][smartnsq.errors.ConfigRefused]
+    there (and from a publish that opens a connection), not retried. An nsqd that cannot be
+    reached does not fail the start.
+
     A Producer belongs to the event loop (thread) and process that entered it: used from
     another thread it raises [`WrongEventLoop`][smartnsq.errors.WrongEventLoop], in a child
     after ``fork()`` [`UsedAfterFork`][smartnsq.errors.UsedAfterFork]. For plain threads use
@@ -77,6 +82,11 @@ class Producer(AsyncPublisher[_Node]):
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._open = True
+        try:
+            await self._check_settings()
+        except ConfigRefused:
+            await self.close()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

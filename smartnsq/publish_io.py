@@ -23,6 +23,7 @@ import anyio
 from smartnsq._checks import FORKS, get_ident
 from smartnsq.connection import Connection
 from smartnsq.errors import (
+    ConfigRefused,
     ConnectionClosed,
     NoNsqdAvailable,
     NSQError,
@@ -33,6 +34,7 @@ from smartnsq.errors import (
 )
 from smartnsq.lookup.model import TopicLayout
 from smartnsq.ordered.sharding import ShardingKey
+from smartnsq.protocol.handshake import config_refusal
 from smartnsq.protocol.message import PublishResult
 from smartnsq.publish_plan import ManyHeaders
 from smartnsq.publishing import (
@@ -351,6 +353,12 @@ class AsyncPublisher(ProducerCore[N]):
             if node is not None and conn is not None:
                 self._discard(node, conn, False, exc)
             raise exc
+        if isinstance(exc, ConfigRefused):  # the same settings fail the same way again
+            raise exc
+        if isinstance(exc, ServerError) and conn is not None:  # say, TLS that nsqd requires
+            refused = config_refusal(exc, conn.address, handshake=False)
+            if refused is not None:
+                raise refused
         close = self._retry_action(exc)  # raises when it may not be retried
         if node is not None and conn is not None:
             self._discard(node, conn, close, exc)
@@ -488,9 +496,37 @@ class AsyncPublisher(ProducerCore[N]):
     async def _acquire(self, deadline: float) -> tuple[N, Connection]:
         """A connection to the next healthy configured nsqd, round-robin; opens one if needed."""
         last: Exception | None = None
+        refused: ConfigRefused | None = None
         for node in self._direct_candidates():
             try:
                 return node, await self._node_connection(node, deadline)
             except ConnectionClosed as exc:
                 last = exc
+                if isinstance(exc, ConfigRefused):
+                    refused = exc
+        if refused is not None:  # the others cannot be reached: this is what to fix
+            raise refused
         raise NoNsqdAvailable(f"no nsqd reachable; last error: {last}") from last
+
+    async def _check_settings(self) -> None:
+        """On entry: connect to the configured nsqd, one after the other until one answers
+        (within a connection's and a handshake's timeout in all), so that settings nsqd
+        refuses fail the start. One that cannot be reached is left to the publishes.
+
+        Raises:
+            ConfigRefused: An nsqd refused the settings.
+        """
+        config = self._config
+        limit = config.connect_timeout + config.handshake_timeout
+        deadline = anyio.current_time() + limit
+        for node in self._direct:
+            if anyio.current_time() >= deadline:
+                return
+            try:
+                with self._bound(limit):
+                    await self._node_connection(node, deadline)
+            except ConfigRefused:
+                raise
+            except (NSQError, OSError, TimeoutError):
+                continue  # reconnecting can fix it: the publishes try again
+            return

@@ -88,14 +88,15 @@ class ConnectFailed(ConnectionClosed):
     """Could not open or handshake a connection to an nsqd (refused, unreachable, timed out)."""
 
 
-class ConfigRefused(NSQError):
+class ConfigRefused(ConnectFailed):
     """nsqd will not accept this client's settings, so reconnecting cannot help.
 
     It refused IDENTIFY (a value outside its limits, say ``output_buffer_timeout`` under its
     ``--min-output-buffer-timeout``: ``E_BAD_BODY``) or AUTH (``E_AUTH_FAILED``,
     ``E_UNAUTHORIZED``), or it requires TLS or AUTH that is not configured (or TLS was
-    required and it offers none). Raised when a Consumer or Producer starts; the message
-    says what to change, ``__cause__`` holds nsqd's own error.
+    required and it offers none). Raised when a Consumer or Producer starts (and by a
+    publish that needs a new connection); the message says what to change, ``__cause__``
+    holds nsqd's own error. A connection failure, so ``except ConnectFailed`` catches it.
 
     Args:
         message: The error text.
@@ -113,7 +114,7 @@ class ConfigRefused(NSQError):
         return type(self), (str(self), self.address), self.__dict__
 
 
-class InsecureAuth(ConfigRefused, ConnectFailed):
+class InsecureAuth(ConfigRefused):
     """nsqd asked for AUTH on an unencrypted connection and ``auth_over_plaintext`` is False.
 
     The secret was not sent.

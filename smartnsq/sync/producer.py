@@ -15,7 +15,7 @@ import time
 import anyio
 
 from smartnsq._checks import FORKS
-from smartnsq.errors import ConnectionClosed, NSQError, NSQTimeout, UsedAfterFork
+from smartnsq.errors import ConfigRefused, ConnectionClosed, NSQError, NSQTimeout, UsedAfterFork
 from smartnsq.lookup.model import TopicLayout
 from smartnsq.publishing import Node
 from smartnsq.sync.connection import SyncConnection
@@ -55,6 +55,16 @@ class Producer(SyncPublisher[_Node]):
     # -- lifecycle -------------------------------------------------------------------------------
 
     def __enter__(self) -> Producer:
+        """Connect to the configured nsqd until one answers (see the async Producer).
+
+        Raises:
+            ConfigRefused: An nsqd refused the settings; the Producer is closed.
+        """
+        try:
+            self._check_settings()
+        except ConfigRefused:
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import ssl
 import threading
@@ -414,3 +415,39 @@ async def test_tasks_sharing_a_producer_keep_their_timeout_and_never_resend(
 
 def nsqd_producers(nsqd_http: str) -> list[object]:
     return list(http_json(f"http://{nsqd_http}/stats?format=json").get("producers") or [])
+
+
+async def test_settings_nsqd_refuses_fail_the_start_and_are_never_retried(
+    cluster_factory, auth_server, anyio_backend, caplog
+):
+    """nsqd's --max-heartbeat-interval is 10 s here: 30 s is refused at IDENTIFY. Before:
+    the Producer entered, and each publish raised the bare BadBody."""
+    from smartnsq.errors import BadBody, ConfigRefused
+
+    nsqd = cluster_factory("classic", nsqd_args=["--max-heartbeat-interval=10s"]).nsqd[0]
+    producer = Producer([nsqd.tcp], heartbeat_interval=30)
+    with anyio.fail_after(5), pytest.raises(ConfigRefused, match="heartbeat") as info:
+        async with producer:
+            pytest.fail("entered")
+    assert isinstance(info.value.__cause__, BadBody)
+    assert "--max-heartbeat-interval" in str(info.value)  # what to change
+    async with Producer([nsqd.tcp], heartbeat_interval=10) as producer:
+        await producer.publish(unique("hb"), b"ok")
+
+    # Refused after it was accepted (nsqd restarted with an auth server): said once, loudly,
+    # and each publish raises at once, without retries.
+    cluster = cluster_factory("classic", nsqd=1)
+    nsqd = cluster.nsqd[0]
+    topic = unique("later")
+    caplog.set_level(logging.DEBUG, "smartnsq")
+    async with Producer([nsqd.tcp], max_retries=3) as producer:
+        await producer.publish(topic, b"before")
+        await anyio.to_thread.run_sync(cluster.kill_nsqd, 0, signal.SIGTERM)
+        nsqd.argv.append(f"--auth-http-address={auth_server}")
+        await anyio.to_thread.run_sync(cluster.restart_nsqd, 0)
+        for _ in range(3):
+            with anyio.fail_after(5), pytest.raises(ConfigRefused, match="auth_secret"):
+                await producer.publish(topic, b"after")
+        assert producer.stats().retried == 0
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and "smartnsq" in r.name]
+    assert len(errors) == 1 and "took these settings before" in errors[0].getMessage()

@@ -393,3 +393,24 @@ def test_threads_sharing_a_producer_keep_their_timeout_and_never_resend(cluster_
     stored_count = int(topic_stats(nsqd.http, topic)["message_count"])
     bodies = [m.body for m in anyio.run(drain, nsqd.tcp, topic, "check", stored_count)]
     assert b"warm" in bodies and len(bodies) == len(set(bodies)) == stored_count <= 9, bodies
+
+
+def test_settings_nsqd_refuses_fail_the_start(cluster_factory):
+    """As the async Producer: 30 s heartbeats refused by an nsqd that allows 10 s."""
+    from smartnsq.errors import BadBody, ConfigRefused
+
+    nsqd = cluster_factory("classic", nsqd_args=["--max-heartbeat-interval=10s"]).nsqd[0]
+    with (
+        pytest.raises(ConfigRefused, match="heartbeat") as info,
+        Producer([nsqd.tcp], heartbeat_interval=30),
+    ):
+        pytest.fail("entered")
+    assert isinstance(info.value.__cause__, BadBody)
+    # Used without 'with': its publish raises the same, at once, not retried.
+    producer = Producer([nsqd.tcp], heartbeat_interval=30, max_retries=3)
+    started = time.monotonic()
+    with pytest.raises(ConfigRefused):
+        producer.publish(unique("hb"), b"x")
+    assert time.monotonic() - started < 1
+    assert producer.stats().retried == 0
+    producer.close()
