@@ -371,16 +371,20 @@ class Consumer:
                 ``async with``).
         """
         await self._begin()
+        refused: ConfigRefused | None = None
         async with anyio.create_task_group() as tg:
             self._state.tg = tg
             self._start_tasks()
             try:
                 await self._nodes.first_answers(self._start_wait())
-            except ConfigRefused:
+            except ConfigRefused as exc:  # raised below: not as a task group's error
+                refused = exc
                 await self._drain.stop(0.0, pulled_done=True)
-                raise
-            await self._drain.stopped.wait()
+            else:
+                await self._drain.stopped.wait()
             tg.cancel_scope.cancel()
+        if refused is not None:
+            raise refused
 
     def _start_wait(self) -> float:
         """How long a start waits to learn whether nsqd accepts the settings: a connection

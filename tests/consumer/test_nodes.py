@@ -39,6 +39,12 @@ async def test_a_setting_nsqd_refuses_fails_the_start(classic_cluster: Any, anyi
     assert info.value.address == nsqd.tcp
     assert "--min/--max-output-buffer-timeout" in str(info.value)  # what to change
     assert isinstance(consumer.last_error, BadBody)
+    # run() starts the same way.
+    again = Consumer(
+        unique("obuf_bad"), "c", nsqd_tcp_addresses=[nsqd.tcp], output_buffer_timeout=0.005
+    )
+    with anyio.fail_after(5), pytest.raises(ConfigRefused, match="output buffer timeout"):
+        await again.run()
 
 
 def test_the_blocking_consumer_fails_its_start_too(classic_cluster: Any):
