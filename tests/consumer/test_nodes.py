@@ -4,6 +4,7 @@ reconnecting for failures that reconnecting can fix, and a loud line for a refus
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import time
 from typing import Any
@@ -45,6 +46,26 @@ async def test_a_setting_nsqd_refuses_fails_the_start(classic_cluster: Any, anyi
     )
     with anyio.fail_after(5), pytest.raises(ConfigRefused, match="output buffer timeout"):
         await again.run()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize(
+    ("options", "text"),
+    [
+        ({"msg_timeout": 3600}, "msg timeout (3600000) is invalid"),  # --max-msg-timeout 15m
+        ({"output_buffer_size": 100_000}, "output buffer size (100000) is invalid"),  # 64 KiB
+        ({"output_buffer_timeout": 60}, "output buffer timeout (60000) is invalid"),  # 30 s
+    ],
+)
+async def test_each_identify_limit_fails_the_start(
+    classic_cluster: Any, anyio_backend: str, options: dict[str, Any], text: str
+):
+    nsqd = classic_cluster.nsqd[0]
+    consumer = Consumer(unique("limits"), "c", nsqd_tcp_addresses=[nsqd.tcp], **options)
+    with anyio.fail_after(5), pytest.raises(ConfigRefused, match=re.escape(text)):
+        async with consumer:
+            pytest.fail(f"entered with {options}")
 
 
 def test_the_blocking_consumer_fails_its_start_too(classic_cluster: Any):
