@@ -177,3 +177,23 @@ async def test_tls_that_nsqd_requires_fails_the_start(tmp_path: Any, anyio_backe
             with anyio.fail_after(5), pytest.raises(ConfigRefused, match="TLS required"):
                 await producer.publish(unique("tlsreq"), b"x")
             assert producer.stats().retried == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_through_lookupd_on_the_youzan_fork(youzan_cluster: Any, anyio_backend: str):
+    """The start waits for the first lookup, then the partitions' nsqd: the fork allows an
+    output buffer timeout of at most 1 s, so 2 s fails the start; 0.5 s starts."""
+    from compat.youzan import create_topic
+    from tests.helpers import lookupds
+
+    topic = unique("yz_refuse")
+    create_topic(youzan_cluster, topic, partitions=2, replicas=1, channel="ch")
+    where = lookupds(youzan_cluster)
+    with anyio.fail_after(10), pytest.raises(ConfigRefused, match="output buffer timeout"):
+        async with Consumer(topic, "ch", lookupd_http_addresses=where, output_buffer_timeout=2):
+            pytest.fail("entered")
+    async with Consumer(
+        topic, "ch", lookupd_http_addresses=where, output_buffer_timeout=0.5
+    ) as consumer:
+        await wait_until(lambda: consumer.stats().connections == 2, 10, "both partitions")
