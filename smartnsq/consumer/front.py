@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
@@ -409,11 +410,21 @@ class Consumer:
         self._threads.start(self._workers.soon if self._options.async_handler else None)
         self._nodes.start()
         if self._answers.dead is not None:
-            self._state.spawn(self._answers.dead.run)
+            self._state.spawn(self._dead_letters)
         if self._options.auto_touch:
             self._state.spawn(self._drain.touch_loop)
         if self._options.async_handler:
             self._state.spawn(self._workers.run)
+
+    async def _dead_letters(self) -> None:
+        dead = self._answers.dead
+        assert dead is not None
+        try:
+            await dead.run()
+        except ConfigRefused as exc:
+            # Its producer has the consumer's settings: the consumer's own start raises the
+            # same refusal (this task must not end the task group before it can).
+            logging.getLogger("smartnsq.consumer").error("dead-letter producer: %s", exc)
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop gracefully; nothing is left in flight.

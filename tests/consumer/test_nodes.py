@@ -88,6 +88,8 @@ async def test_auth_refused_or_missing_fails_the_start(
     topic = unique("auth_c")
     cases: list[tuple[dict[str, Any], type[BaseException] | None]] = [
         ({"auth_secret": "wrong"}, AuthFailed),
+        # its dead-letter producer meets the same refusal; the start still says it plainly
+        ({"auth_secret": "wrong", "dead_letter_topic": "auth_dead"}, AuthFailed),
         ({}, None),  # nsqd requires AUTH, no auth_secret set: refused before sending it
         ({"auth_secret": "good-secret", "topic": unique("other")}, Unauthorized),  # at SUB
         ({"heartbeat_interval": -1, "auth_secret": "good-secret"}, InvalidCommand),  # at SUB
