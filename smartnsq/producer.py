@@ -16,7 +16,7 @@ import anyio.abc
 
 from smartnsq._checks import FORKS, owner, wrong_owner
 from smartnsq.connection import Connection
-from smartnsq.errors import ConfigRefused, NSQError, NSQTimeout
+from smartnsq.errors import NSQError, NSQTimeout
 from smartnsq.lookup.model import TopicLayout
 from smartnsq.publish_io import AsyncPublisher
 from smartnsq.publishing import (
@@ -84,8 +84,8 @@ class Producer(AsyncPublisher[_Node]):
         self._open = True
         try:
             await self._check_settings()
-        except ConfigRefused:
-            await self.close()
+        except BaseException:  # refused, or cancelled: leave nothing open (its task group)
+            await self.close()  # shields what must finish; exits the task group entered above
             raise
         return self
 
