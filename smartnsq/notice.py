@@ -15,7 +15,14 @@ import logging
 import threading
 import warnings
 
-__all__ = ["UnloggedWarning", "handler_failed", "heard", "topic_missing", "warn_unheard"]
+__all__ = [
+    "UnloggedWarning",
+    "handler_failed",
+    "heard",
+    "settings_refused",
+    "topic_missing",
+    "warn_unheard",
+]
 
 _lock = threading.Lock()
 _said: set[object] = set()
@@ -94,3 +101,25 @@ def topic_missing(logger: logging.Logger, topic: str, channel: str, interval: fl
     logger.warning("%s", text)
     if not heard(logger):
         _give(text)
+
+
+def settings_refused(
+    logger: logging.Logger, address: str, exc: BaseException, *, error: bool = False
+) -> None:
+    """nsqd refused settings it accepted before: given once per process and nsqd if unheard;
+    with ``error``, also logged as an ERROR, once (else the caller logs it)."""
+    key = ("settings-refused", address)
+    text = (
+        f"{exc}; nsqd took these settings before (restarted with other limits?); trying "
+        "again cannot help until the setting or nsqd changes"
+    )
+    if error:
+        with _lock:
+            if key in _said:
+                return
+            _said.add(key)
+        logger.error("%s", text)
+        if not heard(logger, logging.ERROR):
+            _give(text)
+        return
+    warn_unheard(logger, key, text)

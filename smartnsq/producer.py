@@ -42,11 +42,19 @@ class Producer(AsyncPublisher[_Node]):
 
     Each call returns once nsqd has acknowledged the message, or raises. Requests are
     pipelined: many tasks may publish at once over the same connection. On a connection
-    failure, or a server error that is safe to retry, the request is retried (on another nsqd
-    when there is one) until ``max_retries`` or the call's ``timeout`` runs out. A retry after
-    a connection broke mid-request can duplicate a message: NSQ delivers at least once.
+    failure before the message was sent, or a server error that is safe to retry, the request
+    is retried (on another nsqd when there is one) until ``max_retries`` or the call's
+    ``timeout`` runs out. A message that was sent is never sent again: when its answer does
+    not come in time ([`NSQTimeout`][smartnsq.errors.NSQTimeout]) or its connection ends first
+    ([`OutcomeUnknown`][smartnsq.errors.OutcomeUnknown]), the call raises: it may or may not
+    have been published.
     An nsqd that cannot be reached, does not speak NSQ or lets a publish time out is avoided
     for a while (growing with each failure), then tried again by one request at a time.
+
+    Entering it connects to the configured nsqd (``nsqd_tcp_addresses``) until one
+    answers: settings nsqd refuses raise [`ConfigRefused`][smartnsq.errors.ConfigRefused]
+    there (and from a publish that opens a connection), not retried. An nsqd that cannot be
+    reached does not fail the start.
 
     A Producer belongs to the event loop (thread) and process that entered it: used from
     another thread it raises [`WrongEventLoop`][smartnsq.errors.WrongEventLoop], in a child
@@ -74,6 +82,11 @@ class Producer(AsyncPublisher[_Node]):
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._open = True
+        try:
+            await self._check_settings()
+        except BaseException:  # refused, or cancelled: leave nothing open (its task group)
+            await self.close()  # shields what must finish; exits the task group entered above
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -145,7 +158,8 @@ class Producer(AsyncPublisher[_Node]):
     def _discard(self, node: _Node, conn: Connection, close: bool, exc: Exception) -> None:
         # A lost connection forgets itself (on_close); one to close is closed in the background.
         if close and self._tg is not None:
-            self._tg.start_soon(conn.close, 0.0)
+            # Its other requests may still be answered: they get the Producer's timeout.
+            self._tg.start_soon(conn.close, self.timeout)
 
     def _suspect(self, node: _Node, conn: Connection) -> None:
         self._timed_out(node)

@@ -24,7 +24,7 @@ from smartnsq.errors import (
     NSQTimeout,
     PartialPublish,
 )
-from smartnsq.ordered.sharding import ShardingKey, key_bytes
+from smartnsq.ordered.sharding import Sharder, ShardingKey, check_key
 from smartnsq.protocol import commands
 from smartnsq.protocol.compress import COMPRESS_KEY, SIZE_KEY, compress_body
 from smartnsq.protocol.message import PublishResult, decode_publish_response
@@ -180,6 +180,7 @@ class PublishPlanner:
     compress_min_size: int
     trace: TraceSwitch
     _lookupds: list[str]
+    _sharder: Sharder
     _compress_topics: frozenset[str]
     _topics: set[str]
     _pub_lines: dict[str, bytes]
@@ -448,7 +449,7 @@ class PublishPlanner:
         ):
             raise InvalidArgument(f"partition must be an int >= 0, not {partition!r}")
         if key is not None:
-            key_bytes(key)  # type check with a clear message
+            check_key(key, self._sharder)  # what the sharding can hash, said clearly
             if not self._lookupds:
                 raise InvalidArgument(
                     "sharding_key needs the topic's partition count: configure "
@@ -469,7 +470,8 @@ class PublishPlanner:
 
 def timeout_error(limit: float) -> NSQTimeout:
     return NSQTimeout(
-        f"publish not acknowledged within {limit}s; it may or may not have been published"
+        f"publish not acknowledged within {limit}s; it may or may not have been published "
+        "(nsqd may store it, even later); it is not sent again"
     )
 
 

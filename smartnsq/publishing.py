@@ -45,10 +45,11 @@ from smartnsq.errors import (
 from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import TopicLayout
+from smartnsq.notice import settings_refused
 from smartnsq.observe.stats import ProducerStats
 from smartnsq.ordered.sharding import Sharder, ShardingKey, sharder_for
 from smartnsq.protocol.compress import DEFAULT_MIN_SIZE, check_codec
-from smartnsq.protocol.handshake import ConnectionConfig, parse_address
+from smartnsq.protocol.handshake import ConnectionConfig, config_refusal, parse_address
 from smartnsq.protocol.message import PublishResult
 from smartnsq.protocol.names import validate_topic
 from smartnsq.publish_nodes import Conn, Node, NodeHealth, check_server, producer_stats, rank
@@ -152,8 +153,11 @@ class ProducerCore(PublishPlanner, Generic[N]):
                 are asked again (with some jitter), in seconds, default 60.0. Cluster errors
                 (a partition moved, its leader changed) refresh it at once.
             sharding: How a ``sharding_key`` maps to a Youzan partition: ``"go"`` (default;
-                go-nsq's MurmurHash3 mapping), ``"java"`` (the Java SDK's ``hashCode`` mapping) or
-                a callable ``(key, partition_count) -> partition``.
+                go-nsq's MurmurHash3 mapping), ``"java"`` (the Java SDK's ``hashCode`` mapping:
+                a ``str`` key, or UTF-8 ``bytes``, matches ``setTopicShardingIDString``, an
+                ``int`` key in Java's long range ``setTopicShardingIDLong``; other keys raise
+                [`InvalidArgument`][smartnsq.errors.InvalidArgument]) or a callable
+                ``(key, partition_count) -> partition``.
             connections_per_nsqd: Most connections opened to one nsqd, an int >= 1, default 1.
                 Requests are pipelined on each; more connections help only when one is
                 saturated.
@@ -415,13 +419,22 @@ class ProducerCore(PublishPlanner, Generic[N]):
         connection failure, which the caller retries elsewhere.
 
         Unreachable, not speaking NSQ, or a bad address (port 0 from a lookupd) are all
-        connection failures; a server error stays one.
+        connection failures; a server error stays one. Settings nsqd refuses raise
+        :class:`ConfigRefused`, which is not retried (said loudly once when that nsqd took
+        them before: restarted with other limits, say).
         """
         try:
             yield
         except (ConnectionClosed, ProtocolError, InvalidArgument, ServerError) as exc:
             node.errors += 1
             node.mark_down(self._now(), f"cannot connect: {exc}")
+            refused = config_refusal(exc, node.address)
+            if refused is not None:
+                if node.published:
+                    settings_refused(log, node.address, refused, error=True)
+                if refused is exc:
+                    raise
+                raise refused from exc
             if isinstance(exc, ConnectionClosed | ServerError):
                 raise
             raise ConnectFailed(f"nsqd {node.address}: {exc}") from exc

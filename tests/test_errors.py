@@ -19,6 +19,7 @@ NAMES = [
     "BadTag",
     "BadTopic",
     "CodecUnavailable",
+    "ConfigRefused",
     "ConnectFailed",
     "ConnectionClosed",
     "DataLoss",
@@ -44,6 +45,7 @@ NAMES = [
     "NotWritable",
     "NsqdHttpFailed",
     "OffsetOutOfRange",
+    "OutcomeUnknown",
     "PartialPublish",
     "ProtocolError",
     "PubFailed",
@@ -63,6 +65,7 @@ NAMES = [
     "WrongEventLoop",
     "closed_error",
     "error_from_frame",
+    "unanswered_error",
 ]
 
 EXCEPTIONS = [

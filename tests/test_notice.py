@@ -156,6 +156,65 @@ def test_heard_follows_the_handlers_a_record_would_reach() -> None:
         child.setLevel(logging.NOTSET)
 
 
+REFUSED_LATER = """
+import sys
+import anyio
+from smartnsq import Producer
+from smartnsq.errors import ConfigRefused
+
+nsqd, topic = sys.argv[1], sys.argv[2]
+
+async def main():
+    async with Producer([nsqd]) as producer:
+        await producer.publish(topic, b"before")
+        print("published", flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.readline)  # nsqd restarts meanwhile
+        refused = 0
+        for _ in range(3):
+            try:
+                await producer.publish(topic, b"after")
+            except ConfigRefused:
+                refused += 1
+        print("refused", refused, flush=True)
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.integration
+def test_settings_refused_after_they_were_accepted_are_said_once_without_logging(
+    cluster_factory: Any, tmp_path: Path
+) -> None:
+    """nsqd restarted with AUTH required: the producer's settings (no auth_secret) are
+    refused now; three publishes raise ConfigRefused, one notice says why."""
+    import signal
+
+    cluster = cluster_factory("classic", nsqd=1)
+    nsqd = cluster.nsqd[0]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REFUSED_LATER, nsqd.tcp, unique("notice_r")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        assert proc.stdout.readline() == "published\n"
+        cluster.kill_nsqd(0, signal.SIGTERM)
+        # nsqd asks this address for AUTH; it is never reached: the client has no secret.
+        nsqd.argv.append("--auth-http-address=127.0.0.1:1")
+        cluster.restart_nsqd(0)
+        out, err = proc.communicate("go\n", timeout=60)
+    finally:
+        proc.kill()
+    assert "refused 3" in out, (out, err)
+    assert err.count("UnloggedWarning") == 1, err
+    assert "took these settings before" in err and "auth_secret" in err
+
+
 DEAD_LETTER_REFUSED = """
 import sys
 import anyio

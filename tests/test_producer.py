@@ -151,3 +151,55 @@ def test_round_robin_gives_every_partition_its_turn_when_one_nsqd_leads_several(
     producer = Producer(lookupd_http_addresses=["127.0.0.1:4161"])
     picks = [producer._pick("t", None, None, layout) for _ in range(6)]
     assert sorted(picks) == sorted([(a.tcp_address, 0), (b.tcp_address, 1), (a.tcp_address, 2)] * 2)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_publish_whose_connection_ended_unanswered_is_not_sent_again(
+    anyio_backend: str,
+) -> None:
+    """The async twin of the blocking Producer's test: nsqd (a fake here: no real nsqd
+    closes without answering on cue) reads the second PUB and closes without an answer.
+    The publish raises OutcomeUnknown, is not sent again; the next one takes a new
+    connection. Before, it was sent again on a new connection: a possible duplicate."""
+    import socket
+    import threading
+
+    from smartnsq.errors import OutcomeUnknown
+    from smartnsq.protocol.frames import FRAME_RESPONSE, encode_frame
+    from tests.fakes import accept_identify
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    pubs: list[int] = []
+
+    def serve() -> None:
+        for n in (1, 2):
+            sock, _ = server.accept()
+            with sock:
+                data = accept_identify(sock)
+                while True:
+                    while b"PUB " not in data:
+                        chunk = sock.recv(4096)
+                        if not chunk:
+                            return
+                        data += chunk
+                    data = data[data.index(b"PUB ") + 4 :]
+                    pubs.append(n)
+                    if n == 1 and len(pubs) == 2:
+                        break
+                    sock.sendall(encode_frame(FRAME_RESPONSE, b"OK"))
+                    if n == 2:
+                        return
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    async with Producer([f"127.0.0.1:{port}"], max_retries=3, timeout=5) as producer:
+        await producer.publish("t", b"first")
+        with pytest.raises(OutcomeUnknown, match="may or may not have been published"):
+            await producer.publish("t", b"second")
+        assert producer.stats().retried == 0
+        await producer.publish("t", b"third")
+    await anyio.to_thread.run_sync(thread.join, 5)
+    server.close()
+    assert pubs == [1, 1, 2]

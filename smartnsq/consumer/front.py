@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from functools import partial
@@ -24,7 +25,7 @@ from smartnsq.consumer.sinks import Sinks
 from smartnsq.consumer.state import State
 from smartnsq.consumer.threads import Threads
 from smartnsq.consumer.workers import Workers
-from smartnsq.errors import NSQError, ServerError
+from smartnsq.errors import ConfigRefused, NSQError, ServerError
 from smartnsq.lag import ChannelLag, consumer_lag
 from smartnsq.message import Message
 from smartnsq.observe.stats import ConsumerStats, consumer_stats
@@ -48,7 +49,11 @@ class Consumer:
     be called from those threads.
 
     One nsqd or nsqlookupd that fails, in whatever way, is logged, retried with backoff and
-    does not stop consumption from the others.
+    does not stop consumption from the others. Settings nsqd refuses are not a failure to
+    retry: the start (``async with``, [`run`][smartnsq.Consumer.run]) waits until nsqd
+    accepts them (a subscription) or every nsqd known failed once (at most
+    ``connect_timeout`` plus the handshake's 5 s), and raises
+    [`ConfigRefused`][smartnsq.errors.ConfigRefused] if one refused them.
 
     Or pull messages without a handler:
 
@@ -246,9 +251,10 @@ class Consumer:
                 writing them out, in seconds, sent in IDENTIFY. ``None`` (default): nsqd's
                 (250 ms); ``0``: no buffering, each write goes out at once (more system calls
                 on both sides); else at least 0.001. nsqd allows 0.025 to 30 by default
-                (its ``--min/--max-output-buffer-timeout``) and refuses others at IDENTIFY
-                (logged, and kept in ``last_error``). A low value gets messages to a
-                consumer at a low rate sooner ([low latency][consumer-latency]).
+                (its ``--min/--max-output-buffer-timeout``) and refuses others at IDENTIFY:
+                the start raises [`ConfigRefused`][smartnsq.errors.ConfigRefused]. A low
+                value gets messages to a consumer at a low rate sooner
+                ([low latency][consumer-latency]).
             output_buffer_size: How many bytes nsqd may buffer for this consumer before
                 writing, sent in IDENTIFY. ``None`` (default): nsqd's (16 KiB); ``0``: no
                 buffering (nsqd then also ignores ``output_buffer_timeout``); else at least 64
@@ -330,10 +336,27 @@ class Consumer:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def __aenter__(self) -> Consumer:
+        """Start consuming; ``async with`` calls it.
+
+        It returns once nsqd is known to accept the settings (a subscription worked), or every
+        nsqd known failed once for a reason that reconnecting can fix (they are retried in
+        the background), waiting at most ``connect_timeout`` plus the handshake's timeout.
+
+        Raises:
+            ConfigRefused: An nsqd refused the settings (IDENTIFY's ``E_BAD_BODY`` for an
+                ``output_buffer_timeout`` outside its limits, a refused or missing AUTH, TLS
+                it requires): reconnecting cannot help. Nothing was consumed.
+            NSQError: The consumer was already started.
+        """
         await self._begin()
         self._state.tg = tg = anyio.create_task_group()
         await tg.__aenter__()
         self._start_tasks()
+        try:
+            await self._nodes.first_answers(self._start_wait())
+        except ConfigRefused:
+            await self.__aexit__(None, None, None)
+            raise
         return self
 
     async def __aexit__(self, exc_type: object, *exc: object) -> None:
@@ -354,13 +377,30 @@ class Consumer:
 
         Raises:
             NSQError: The consumer was already started.
+            ConfigRefused: An nsqd refused the settings at the start (see
+                ``async with``).
         """
         await self._begin()
+        refused: ConfigRefused | None = None
         async with anyio.create_task_group() as tg:
             self._state.tg = tg
             self._start_tasks()
-            await self._drain.stopped.wait()
+            try:
+                await self._nodes.first_answers(self._start_wait())
+            except ConfigRefused as exc:  # raised below: not as a task group's error
+                refused = exc
+                await self._drain.stop(0.0, pulled_done=True)
+            else:
+                await self._drain.stopped.wait()
             tg.cancel_scope.cancel()
+        if refused is not None:
+            raise refused
+
+    def _start_wait(self) -> float:
+        """How long a start waits to learn whether nsqd accepts the settings: a connection
+        and its handshake."""
+        config = self._options.config
+        return config.connect_timeout + config.handshake_timeout
 
     async def wait_stopped(self) -> None:
         """Wait until the consumer has stopped (a [`stop`][smartnsq.Consumer.stop] is over)."""
@@ -381,13 +421,23 @@ class Consumer:
         self._threads.start(self._workers.soon if self._options.async_handler else None)
         self._nodes.start()
         if self._answers.dead is not None:
-            self._state.spawn(self._answers.dead.run)
+            self._state.spawn(self._dead_letters)
         if self._options.auto_touch:
             self._state.spawn(self._drain.touch_loop)
         elif self._options.auto_touch is None:  # once an ordered partition is subscribed
             self._intake.start_touching = partial(self._state.spawn, self._drain.touch_loop)
         if self._options.async_handler:
             self._state.spawn(self._workers.run)
+
+    async def _dead_letters(self) -> None:
+        dead = self._answers.dead
+        assert dead is not None
+        try:
+            await dead.run()
+        except ConfigRefused as exc:
+            # Its producer has the consumer's settings: the consumer's own start raises the
+            # same refusal (this task must not end the task group before it can).
+            logging.getLogger("smartnsq.consumer").error("dead-letter producer: %s", exc)
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop gracefully; nothing is left in flight.

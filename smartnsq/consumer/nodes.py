@@ -3,6 +3,10 @@
 Discovery asks every lookupd at once and adds or drops connection loops; each loop
 connects, subscribes (following what a Youzan nsqd demands: ordered, ext), hands the
 connection's reads to intake, and reconnects with backoff. One bad node never stops the rest.
+
+On start, :meth:`Nodes.first_answers` waits for the first outcome: settings an nsqd refuses
+(a ``ConfigRefused``) fail the start; a refusal after that is logged as an ERROR (and given
+once per process when no logging shows it) while the loop keeps trying.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from smartnsq.consumer.pacing import Pacing
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription, Target
 from smartnsq.errors import (
+    ConfigRefused,
     ConnectionClosed,
     LookupFailed,
     NSQError,
@@ -32,9 +37,10 @@ from smartnsq.errors import (
 )
 from smartnsq.lookup.model import Node
 from smartnsq.lookup.shared import SharedLookup, poll_wait, shared_lookup
-from smartnsq.notice import topic_missing
+from smartnsq.notice import settings_refused, topic_missing
 from smartnsq.observe.logs import OncePerKind
 from smartnsq.protocol import commands
+from smartnsq.protocol.handshake import config_refusal
 from smartnsq.protocol.tags import check_tag_subscription
 from smartnsq.wakeup import Wakeup
 
@@ -54,9 +60,13 @@ class Nodes:
         "nodes",
         "ordered",
         "pacing",
+        "refused",
+        "refusing",
         "requery",
+        "starting",
         "state",
         "subscribed",
+        "tried",
         "wanted",
     )
 
@@ -78,6 +88,38 @@ class Nodes:
         self.ordered = bool(options.ordered)
         self.ext = bool(options.ext) or options.desired_tag is not None  # tags: ext only
         self.last_error: ServerError | None = None
+        # Until first_answers is over: set once the start knows enough (see _settle).
+        self.starting: anyio.Event | None = anyio.Event()
+        self.tried: set[Target] = set()  # nsqd whose first attempt failed, during the start
+        self.refused: ConfigRefused | None = None  # a refusal of the settings, during the start
+        self.refusing: set[Target] = set()  # refusal logged as an ERROR, until subscribed again
+        if not options.lookupds:
+            self.tried.add(_LOOKED_UP)
+
+    async def first_answers(self, limit: float) -> None:
+        """Wait until the start knows enough: a subscription worked (the settings are
+        accepted), an nsqd refused the settings, or every nsqd known (after the first
+        lookup) failed once; at most ``limit`` seconds.
+
+        Raises:
+            ConfigRefused: An nsqd refused the settings: reconnecting cannot help.
+        """
+        starting = self.starting
+        if starting is not None:
+            with anyio.move_on_after(limit):
+                await starting.wait()
+        self.starting = None
+        self.tried.clear()
+        if self.refused is not None:
+            raise self.refused
+
+    def _settle(self, done: bool = False) -> None:
+        """The start knows enough when ``done`` or every nsqd wanted failed once."""
+        starting = self.starting
+        if starting is None:
+            return
+        if done or (_LOOKED_UP in self.tried and self.wanted <= self.tried):
+            starting.set()
 
     def start(self) -> None:
         for address in self.state.options.direct:
@@ -128,9 +170,15 @@ class Nodes:
                     self.last_error = exc
                     level = logging.ERROR if failures == 1 else logging.DEBUG
                     log.log(level, "nsqd %s refuses the subscription: %s", name, _explain(exc))
+                    if self.starting is not None:
+                        self.tried.add(target)
+                        self._settle()
+                except _Refused as refused:
+                    failures = self._failed(target, refused.error)
+                    self._refused(target, refused.error)
                 except Exception as exc:  # one bad node must not stop the rest
                     failures = self._failed(target, exc)
-                    if isinstance(exc, ServerError):  # a refusal (say IDENTIFY's E_BAD_BODY)
+                    if isinstance(exc, ServerError):
                         self.last_error = exc
                     level = logging.WARNING if failures == 1 else logging.DEBUG
                     expected = isinstance(exc, NSQError | OSError)
@@ -142,6 +190,9 @@ class Nodes:
                         failures,
                         exc_info=None if expected else exc,
                     )
+                    if self.starting is not None:
+                        self.tried.add(target)
+                        self._settle()
                 if state.stopping or target not in self.wanted:
                     break
                 self.requery.set()  # the lookupd poll, if any, looks again at once
@@ -152,6 +203,24 @@ class Nodes:
             self.failures.pop(target, None)
             self.subscribed.pop(target, None)
             self.announced.discard(target)
+            self.refusing.discard(target)
+
+    def _refused(self, target: Target, err: ConfigRefused) -> None:
+        """nsqd refused the settings: fails the start; after it, loud once per outage (an
+        nsqd restarted with other limits, say), then the loop keeps trying."""
+        cause = err.__cause__
+        if isinstance(cause, ServerError):
+            self.last_error = cause
+        if self.starting is not None:
+            self.refused = self.refused or err
+            self._settle(done=True)
+            return
+        if target not in self.refusing:
+            self.refusing.add(target)
+            log.error("%s; reconnecting (logged once until it recovers)", err)
+            settings_refused(log, target[0], err)
+        else:
+            log.debug("nsqd %s still refuses the settings: %s", target_name(target), err)
 
     def _failed(self, target: Target, exc: Exception) -> int:
         """Count a failed attempt; returns the failed attempts in a row, this one included.
@@ -194,7 +263,13 @@ class Nodes:
             config = dataclasses.replace(config, extend_support=True, identify_extra=extra)
         # SUB_ADVANCED with 4 tokens: a 5th (its own start) would make nsqd ignore the partition.
         advanced = not ordered and options.start_plan.advanced
-        conn = await Connection.open(address, config)
+        try:
+            conn = await Connection.open(address, config)
+        except Exception as exc:
+            refused = config_refusal(exc, address)
+            if refused is not None:
+                raise _Refused(refused) from exc
+            raise
         if tag is not None and not (conn.features.youzan and ext):
             await conn.close(timeout=0)
             check_tag_subscription(options.topic, tag, conn.features.youzan, ext)
@@ -226,6 +301,9 @@ class Nodes:
                 del state.subs[target]
             self.pacing.redistribute()
         if attempt.refused is not None:
+            refused = config_refusal(attempt.refused, address, handshake=False)
+            if refused is not None:
+                raise _Refused(refused) from attempt.refused
             raise attempt.refused
         reason = conn.close_reason
         if not state.stopping and reason is not None:
@@ -256,6 +334,8 @@ class Nodes:
             await conn.close(timeout=0)
             return
         attempt.accepted = anyio.current_time()
+        self._settle(done=True)  # the settings are accepted
+        self.refusing.discard(target)
         # The count of failed attempts stays until the subscription ends (_failed).
         failed = self.failures.get(target, 0)
         quiet = target in self.announced  # again within one outage: logged once
@@ -297,6 +377,9 @@ class Nodes:
                 requery = self.requery
                 requery.clear()  # a connection lost from here on asks again at once
                 failed = 0 if await self._query_lookupds(shared, due) else failed + 1
+                if _LOOKED_UP not in self.tried:  # the start knows which nsqd there are
+                    self.tried.add(_LOOKED_UP)
+                    self._settle()
                 if shared.batched:
                     due = shared.due  # one round for every consumer; it backs off itself
                     wait = due - anyio.current_time()
@@ -362,6 +445,19 @@ class Nodes:
                     options.topic,
                 )
                 self.unwant(target)
+
+
+# In Nodes.tried while the start waits for the first lookup (a target no nsqd has).
+_LOOKED_UP: Target = ("", None)
+
+
+class _Refused(Exception):
+    """Carries a ConfigRefused out of one attempt (an ``except ConnectFailed`` elsewhere in
+    the loop must not take it for a transient failure)."""
+
+    def __init__(self, error: ConfigRefused) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class _Attempt:

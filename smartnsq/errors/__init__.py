@@ -65,6 +65,7 @@ from smartnsq.errors.server import (
     error_from_frame,
 )
 from smartnsq.errors.transport import (
+    ConfigRefused,
     ConnectFailed,
     ConnectionClosed,
     InsecureAuth,
@@ -72,10 +73,12 @@ from smartnsq.errors.transport import (
     NoNsqdAvailable,
     NsqdHttpFailed,
     NSQTimeout,
+    OutcomeUnknown,
     PartialPublish,
     ProtocolError,
     TopicNotFound,
     closed_error,
+    unanswered_error,
 )
 
 __all__ = [
@@ -87,6 +90,7 @@ __all__ = [
     "BadTag",
     "BadTopic",
     "CodecUnavailable",
+    "ConfigRefused",
     "ConnectFailed",
     "ConnectionClosed",
     "DataLoss",
@@ -112,6 +116,7 @@ __all__ = [
     "NotWritable",
     "NsqdHttpFailed",
     "OffsetOutOfRange",
+    "OutcomeUnknown",
     "PartialPublish",
     "ProtocolError",
     "PubFailed",
@@ -131,6 +136,7 @@ __all__ = [
     "WrongEventLoop",
     "closed_error",
     "error_from_frame",
+    "unanswered_error",
 ]
 
 # Every exception keeps the name it always had, smartnsq.errors.X: in tracebacks, in

@@ -8,6 +8,7 @@ from typing import Any
 from smartnsq.errors.common import NSQError
 
 __all__ = [
+    "ConfigRefused",
     "ConnectFailed",
     "ConnectionClosed",
     "InsecureAuth",
@@ -15,6 +16,7 @@ __all__ = [
     "NSQTimeout",
     "NoNsqdAvailable",
     "NsqdHttpFailed",
+    "OutcomeUnknown",
     "PartialPublish",
     "ProtocolError",
     "TopicNotFound",
@@ -51,11 +53,68 @@ def closed_error(address: str, reason: BaseException | None) -> ConnectionClosed
     return ConnectionClosed(text)
 
 
+class OutcomeUnknown(ConnectionClosed):
+    """The connection ended after a request was sent and before nsqd answered it.
+
+    nsqd may or may not have carried it out: a publish that raises it may or may not have
+    been published (nsqd may have stored it before the connection ended, or store it later:
+    a stopped nsqd reads what was sent when it resumes). A producer never sends it again;
+    publishing it again yourself may store it twice.
+    """
+
+
+def unanswered_error(address: str, reason: BaseException | None) -> OutcomeUnknown:
+    """The error of a request sent to ``address`` whose connection ended before the answer.
+
+    Args:
+        address: The nsqd address.
+        reason: Why the connection ended, or None.
+
+    Returns:
+        An [`OutcomeUnknown`][smartnsq.errors.OutcomeUnknown] saying so.
+    """
+    text = f"connection to nsqd {address} ended before it answered"
+    if reason is not None and str(reason):
+        text += f" ({reason})"
+    err = OutcomeUnknown(
+        f"{text}: the request may or may not have been carried out (a publish may or may not "
+        "have been published); it is not sent again"
+    )
+    err.__cause__ = reason
+    return err
+
+
 class ConnectFailed(ConnectionClosed):
     """Could not open or handshake a connection to an nsqd (refused, unreachable, timed out)."""
 
 
-class InsecureAuth(ConnectFailed):
+class ConfigRefused(ConnectFailed):
+    """nsqd will not accept this client's settings, so reconnecting cannot help.
+
+    It refused IDENTIFY (a value outside its limits, say ``output_buffer_timeout`` under its
+    ``--min-output-buffer-timeout``: ``E_BAD_BODY``) or AUTH (``E_AUTH_FAILED``,
+    ``E_UNAUTHORIZED``), or it requires TLS or AUTH that is not configured (or TLS was
+    required and it offers none). Raised when a Consumer or Producer starts (and by a
+    publish that needs a new connection); the message says what to change, ``__cause__``
+    holds nsqd's own error. A connection failure, so ``except ConnectFailed`` catches it.
+
+    Args:
+        message: The error text.
+        address: The nsqd that refused.
+
+    Attributes:
+        address: The nsqd that refused.
+    """
+
+    def __init__(self, message: str, address: str = "") -> None:
+        super().__init__(message)
+        self.address = address
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (str(self), self.address), self.__dict__
+
+
+class InsecureAuth(ConfigRefused):
     """nsqd asked for AUTH on an unencrypted connection and ``auth_over_plaintext`` is False.
 
     The secret was not sent.
@@ -65,7 +124,10 @@ class InsecureAuth(ConnectFailed):
 class NSQTimeout(NSQError, TimeoutError):
     """An operation did not finish within its deadline. Its outcome is unknown.
 
-    A publish that raises it may or may not have been published.
+    A publish that raises it may or may not have been published: nsqd may have stored it
+    without its answer arriving in time, or store it later (a stopped nsqd reads what was
+    sent when it resumes). A producer never sends it again; publishing it again yourself may
+    store it twice.
     """
 
 

@@ -22,11 +22,12 @@ from typing import Any
 from smartnsq import _checks
 from smartnsq._version import __version__
 from smartnsq.errors import (
-    ConnectFailed,
+    ConfigRefused,
     InsecureAuth,
     InsecureAuthWarning,
     InvalidArgument,
     ProtocolError,
+    ServerError,
     error_from_frame,
 )
 from smartnsq.protocol import commands
@@ -342,7 +343,11 @@ class Handshake:
             self.features = _features(reply)
         f = self.features
         if cfg.tls and not f.tls:
-            raise ConnectFailed(f"nsqd {self.address} does not offer TLS, which was required")
+            raise ConfigRefused(
+                f"nsqd {self.address} does not offer TLS, which was required (tls=...): "
+                "start nsqd with a TLS certificate, or connect without TLS",
+                self.address,
+            )
         if f.tls:  # nothing follows the IDENTIFY reply until the client starts TLS
             _expect_ok((yield StartTLS(_tls_context(cfg.tls), cfg.tls_hostname or self.host)))
         if f.snappy:
@@ -363,7 +368,11 @@ class Handshake:
             )
         if f.auth_required:
             if cfg.auth_secret is None:
-                raise ConnectFailed(f"nsqd {self.address} requires AUTH but no auth_secret was set")
+                raise ConfigRefused(
+                    f"nsqd {self.address} requires AUTH but no auth_secret was set: "
+                    "pass auth_secret=",
+                    self.address,
+                )
             check_plaintext_auth(self.address, cfg, f.tls)
             secret = cfg.auth_secret
             reply = yield Send(
@@ -440,6 +449,54 @@ def check_config(c: ConnectionConfig) -> None:
     )
 
 
+# -- settings nsqd refuses ----------------------------------------------------------------------
+
+# What to change, by the error nsqd refused the handshake (or SUB) with.
+_REFUSAL_HINTS = {
+    "E_BAD_BODY": (
+        "a setting is outside this nsqd's limits (output_buffer_timeout: its "
+        "--min/--max-output-buffer-timeout; output_buffer_size: --max-output-buffer-size; "
+        "heartbeat_interval: --max-heartbeat-interval; msg_timeout: --max-msg-timeout); "
+        "change the setting or nsqd's flags"
+    ),
+    "E_IDENTIFY_FAILED": "nsqd refused IDENTIFY; check the TLS and compression settings",
+    "E_AUTH_FAILED": "nsqd's auth server refused auth_secret (or could not be asked)",
+    "E_AUTH_DISABLED": "this nsqd has no auth server: leave auth_secret unset",
+    "E_AUTH_FIRST": "this nsqd requires AUTH: pass auth_secret=",
+    "E_UNAUTHORIZED": "the identity of auth_secret may not use this topic or channel",
+}
+_INVALID_HINTS = {
+    "TLS required": "this nsqd requires TLS: use tls=True (or an ssl.SSLContext)",
+    "heartbeats disabled": "nsqd refuses SUB with heartbeat_interval=-1: enable heartbeats",
+}
+
+
+def config_refusal(
+    exc: BaseException, address: str, *, handshake: bool = True
+) -> ConfigRefused | None:
+    """The :class:`ConfigRefused` that ``exc``, raised while opening a connection to
+    ``address`` (``handshake``) or by a command on it (SUB, a publish), amounts to; None
+    when it is not a refusal of the settings (reconnecting can help, or it is about the
+    command itself)."""
+    if isinstance(exc, ConfigRefused):
+        return exc
+    if not isinstance(exc, ServerError):
+        return None
+    # After the handshake these two are about the command (a publish's body), not settings.
+    if not handshake and exc.code in ("E_BAD_BODY", "E_IDENTIFY_FAILED"):
+        return None
+    hint = _REFUSAL_HINTS.get(exc.code)
+    if hint is None and exc.code.startswith("E_AUTH"):
+        hint = _REFUSAL_HINTS["E_AUTH_FAILED"]
+    if exc.code == "E_INVALID":
+        hint = next((h for k, h in _INVALID_HINTS.items() if k in exc.description), None)
+    if hint is None:
+        return None
+    err = ConfigRefused(f"nsqd {address} refuses this client's settings: {exc}; {hint}", address)
+    err.__cause__ = exc
+    return err
+
+
 # -- AUTH without TLS --------------------------------------------------------------------------
 
 _warned_plaintext_auth = False
@@ -454,7 +511,8 @@ def check_plaintext_auth(address: str, config: ConnectionConfig, tls: bool) -> N
         raise InsecureAuth(
             f"nsqd {address} asks for AUTH but the connection is not encrypted and "
             "auth_over_plaintext=False: the secret was not sent; enable TLS (tls=True) "
-            "or allow plain-text AUTH"
+            "or allow plain-text AUTH",
+            address,
         )
     if not _warned_plaintext_auth:
         _warned_plaintext_auth = True

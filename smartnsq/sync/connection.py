@@ -27,6 +27,7 @@ from smartnsq.errors import (
     ProtocolError,
     closed_error,
     error_from_frame,
+    unanswered_error,
 )
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import FRAME_ERROR, FRAME_RESPONSE, HEARTBEAT, FrameDecoder
@@ -98,6 +99,10 @@ class SyncConnection:
         # The codec is one OpenSSL session: a reading thread and a sending one take turns.
         self._tls_lock = threading.Lock()
         self._busy = BusyPoll(config.busy_poll)
+        self._callers = 0  # threads inside request(): a retired connection closes after them
+        self._callers_lock = threading.Lock()
+        self._handshake_deadline = _INF
+        self.clock = time.monotonic  # what the async connection's clock is to its callers
 
     def __repr__(self) -> str:
         return f"<SyncConnection {self.address}{' closed' if self.closed else ''}>"
@@ -106,6 +111,7 @@ class SyncConnection:
     def open(cls, address: str, config: ConnectionConfig, timeout: float) -> SyncConnection:
         """Connect and handshake within ``timeout`` seconds (and the config's own limits)."""
         host, port = parse_address(address)
+        deadline = time.monotonic() + timeout  # the whole of it: connecting and handshake
         try:
             sock = socket.create_connection((host, port), min(timeout, config.connect_timeout))
         except OSError as exc:
@@ -113,7 +119,8 @@ class SyncConnection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = cls(address, sock, config)
         try:
-            conn._sock.settimeout(min(timeout, config.handshake_timeout))
+            conn._handshake_deadline = min(deadline, time.monotonic() + config.handshake_timeout)
+            conn._sock.settimeout(max(0.001, conn._handshake_deadline - time.monotonic()))
             conn._handshake(host)
             conn._send_timeout = max(timeout, config.handshake_timeout)
             # Non-blocking: a timeout socket polls before every send and recv (two more
@@ -165,6 +172,10 @@ class SyncConnection:
             self._decoder.append(rest)
 
     def _recv_in_handshake(self) -> bytes:
+        left = self._handshake_deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        self._sock.settimeout(left)  # each read gets what is left, not a fresh timeout
         data = self._sock.recv(_READ_SIZE)
         if not data:
             raise ConnectFailed(f"nsqd {self.address} closed the connection in the handshake")
@@ -210,31 +221,51 @@ class SyncConnection:
     def request(self, data: bytes, timeout: float, *, publish: bool = True) -> bytes:
         """Send a command that nsqd answers and return the answer's payload.
 
-        :class:`NSQTimeout` after ``timeout`` seconds; the request keeps its place (its
-        answer, when it comes, is dropped), so later answers still match their requests.
+        :class:`NSQTimeout` after ``timeout`` seconds, however many threads share the
+        connection; the request keeps its place (its answer, when it comes, is dropped), so
+        later answers still match their requests. :class:`OutcomeUnknown`: the connection
+        ended after the command was sent; :class:`ConnectionClosed`: it was closed before.
         """
         now = time.monotonic()
         deadline = now + timeout
+        with self._callers_lock:
+            self._callers += 1
+        try:
+            return self._request(data, now, deadline, publish)
+        finally:
+            with self._callers_lock:
+                self._callers -= 1
+                last = not self._callers
+            if last and self.retiring and not self.closed:
+                self.close(0.0)  # the last caller of a retired connection closes it
+
+    def _request(self, data: bytes, now: float, deadline: float, publish: bool) -> bytes:
         waiter = _Waiter(publish, now)
-        with self._send_lock:
+        # Bounded: a thread whose large write waits on a stopped nsqd holds this lock.
+        if not self._send_lock.acquire(timeout=max(0.0, deadline - now)):
+            raise NSQTimeout(f"nsqd {self.address} did not take the command in time (not sent)")
+        try:
             if self.closed:
                 raise self._closed_error()
             self._waiters.append(waiter)
             # Alone in flight: poll for the answer before sleeping on it (BusyPoll).
             alone = len(self._waiters) == 1 and self._busy.limit > 0.0
             try:
-                self._write(data if self._compress is None else self._compress(data))
+                self._write(data if self._compress is None else self._compress(data), deadline)
             except OSError as exc:  # a timeout too: part of the command may be out
                 self._fail(ConnectionClosed(f"writing to nsqd {self.address} failed: {exc!r}"))
             sent = time.perf_counter()
             poll = self._busy.budget(sent) if alone else 0.0
+        finally:
+            self._send_lock.release()
         while not waiter.done:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._read_lock.acquire(timeout=remaining):
                 break
             try:
                 if not waiter.done:
-                    self._read_once(remaining, poll)
+                    # What is left now: waiting for the lock took some of it.
+                    self._read_once(deadline - time.monotonic(), poll)
                     poll = 0.0
             finally:
                 self._read_lock.release()
@@ -246,14 +277,15 @@ class SyncConnection:
             raise waiter.error
         return waiter.result
 
-    def _write(self, data: bytes) -> None:
-        """Send all of ``data`` (under the send lock); TimeoutError if nsqd stops reading."""
+    def _write(self, data: bytes, deadline: float = _INF) -> None:
+        """Send all of ``data`` (under the send lock); TimeoutError if nsqd stops reading
+        (for the connection's send timeout, or until ``deadline``)."""
         if self._tls is not None:
             with self._tls_lock:
                 data = self._tls.encrypt(data)
-        self._send_raw(data)
+        self._send_raw(data, deadline)
 
-    def _send_raw(self, data: bytes) -> None:
+    def _send_raw(self, data: bytes, deadline: float = _INF) -> None:
         sock = self._sock
         try:
             sent = sock.send(data)
@@ -262,7 +294,7 @@ class SyncConnection:
         if sent == len(data):
             return
         rest = memoryview(data)[sent:]
-        deadline = time.monotonic() + self._send_timeout
+        deadline = min(deadline, time.monotonic() + self._send_timeout)
         while rest:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([], [sock], [], remaining)[1]:
@@ -377,14 +409,22 @@ class SyncConnection:
         return closed_error(self.address, self.close_reason)
 
     def _fail(self, reason: BaseException) -> None:
-        """The connection is over: every waiting request fails."""
+        """The connection is over: every waiting request fails (each was sent, at least in
+        part: nsqd may have carried it out)."""
         self._abort(reason)
         while self._waiters:
             waiter = self._waiters.popleft()
-            err = self._closed_error()
-            err.__cause__ = reason
-            waiter.error = err
+            waiter.error = unanswered_error(self.address, reason)
             waiter.done = True
+
+    def retire(self) -> None:
+        """Send nothing more; close once no thread waits on it (each waits until its own
+        deadline: an answer may still come)."""
+        self.retiring = True
+        with self._callers_lock:
+            idle = not self._callers
+        if idle:
+            self.close(0.0)
 
     def detach(self, timeout: float) -> Detached:
         """Hand the socket over to a caller that runs its own read loop (a Spark task

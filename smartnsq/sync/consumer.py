@@ -133,6 +133,8 @@ class Consumer:
             InvalidArgument: A bad option (see [`smartnsq.Consumer`][smartnsq.Consumer]),
                 raised here before any connection is made.
             InvalidType: An option of the wrong type.
+            ConfigRefused: An nsqd refused the settings (see
+                [`smartnsq.Consumer`][smartnsq.Consumer]: its start).
             NSQError: The consumer was already started.
         """
         if self.started:

@@ -15,7 +15,7 @@ import time
 import anyio
 
 from smartnsq._checks import FORKS
-from smartnsq.errors import ConnectionClosed, NSQError, NSQTimeout, UsedAfterFork
+from smartnsq.errors import ConfigRefused, ConnectionClosed, NSQError, NSQTimeout, UsedAfterFork
 from smartnsq.lookup.model import TopicLayout
 from smartnsq.publishing import Node
 from smartnsq.sync.connection import SyncConnection
@@ -55,6 +55,16 @@ class Producer(SyncPublisher[_Node]):
     # -- lifecycle -------------------------------------------------------------------------------
 
     def __enter__(self) -> Producer:
+        """Connect to the configured nsqd until one answers (see the async Producer).
+
+        Raises:
+            ConfigRefused: An nsqd refused the settings; the Producer is closed.
+        """
+        try:
+            self._check_settings()
+        except ConfigRefused:
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -137,13 +147,14 @@ class Producer(SyncPublisher[_Node]):
             node.lock.release()
 
     def _discard(self, node: _Node, conn: SyncConnection, close: bool, exc: Exception) -> None:
-        if close:
-            conn.close(0.0)
         if isinstance(exc, ConnectionClosed):  # no callback tells a blocking producer
             self._forget(node, conn)
+        elif close and node.drop(conn):
+            conn.retire()  # its other requests may still be answered, within their time
 
     def _suspect(self, node: _Node, conn: SyncConnection) -> None:
         self._timed_out(node)
         if node.drop(conn):
-            # Its other requests fail at once and are retried elsewhere within their time.
-            conn.close(0.0)
+            # Closed once no thread waits on it: the others wait for their answers until
+            # their own deadlines (failing them would leave their outcome unknown sooner).
+            conn.retire()

@@ -11,15 +11,18 @@ from typing import Any, TypeVar
 
 from smartnsq._checks import FORKS, get_ident
 from smartnsq.errors import (
+    ConfigRefused,
     ConnectionClosed,
     NoNsqdAvailable,
     NSQError,
     NSQTimeout,
+    OutcomeUnknown,
     ServerError,
     TopicNotFound,
 )
 from smartnsq.lookup.model import TopicLayout
 from smartnsq.ordered.sharding import ShardingKey
+from smartnsq.protocol.handshake import config_refusal
 from smartnsq.protocol.message import PublishResult
 from smartnsq.publish_plan import ManyHeaders
 from smartnsq.publishing import (
@@ -131,8 +134,9 @@ class SyncPublisher(ProducerCore[N]):
         ``trace_id`` (or tracing switched on for the topic with ``producer.trace``) sends a
         traced publish and returns a [`PublishResult`][smartnsq.PublishResult]; ``headers``
         sends the JSON ext header of an ext topic. Plain publishes return ``None``.
-        On a connection failure, or a server error that is safe to retry, it is retried (up
-        to ``max_retries``, within ``timeout``), on another nsqd when there is one.
+        On a connection failure before it was sent, or a server error that is safe to
+        retry, it is retried (up to ``max_retries``, within ``timeout``), on another nsqd
+        when there is one; once sent, it is never sent again.
 
         Args:
             topic: The topic (NSQ's naming rules).
@@ -163,7 +167,9 @@ class SyncPublisher(ProducerCore[N]):
 
         Raises:
             NSQTimeout: No answer within ``timeout``: the message may or may not have been
-                published.
+                published (nsqd may store it, even later); it is not sent again.
+            OutcomeUnknown: The connection ended after the message was sent and before
+                nsqd's answer: it may or may not have been published; it is not sent again.
             MessageTooLarge: ``body`` is larger than ``max_message_size``; nothing was sent.
             InvalidArgument: A bad argument (an empty body, a delay out of range, a
                 partition that does not exist); nothing was sent.
@@ -176,7 +182,8 @@ class SyncPublisher(ProducerCore[N]):
                 new topic goes to one of the nsqd the lookupds know, which creates it.
             ServerError: nsqd refused the message and a retry cannot help (or the retries
                 ran out).
-            ConnectionClosed: The connection failed and the retries ran out.
+            ConnectionClosed: The connection failed before the message was sent and the
+                retries ran out.
         """
         if self._thread != get_ident() or self._forks != FORKS[0]:
             self._check_usable()
@@ -250,7 +257,9 @@ class SyncPublisher(ProducerCore[N]):
             PartialPublish: A later batch failed after earlier ones were acknowledged:
                 ``published`` says how many messages were.
             NSQTimeout: No answer within ``timeout``: the failed batch may or may not have
-                been published.
+                been published; it is not sent again.
+            OutcomeUnknown: The connection ended after the batch was sent and before nsqd's
+                answer: it may or may not have been published; it is not sent again.
             MessageTooLarge: A body is larger than ``max_message_size``; nothing was sent.
             InvalidArgument: A bad argument (no message, an empty body, a wrong number of
                 trace ids); nothing was sent.
@@ -259,7 +268,8 @@ class SyncPublisher(ProducerCore[N]):
             NoNsqdAvailable: No nsqd could take the batch.
             TopicNotFound: As for [`publish`][smartnsq.Producer.publish].
             ServerError: nsqd refused the first batch and a retry cannot help.
-            ConnectionClosed: The connection failed and the retries ran out.
+            ConnectionClosed: The connection failed before the message was sent and the
+                retries ran out.
         """
         if self._thread != get_ident() or self._forks != FORKS[0]:
             self._check_usable()
@@ -303,9 +313,11 @@ class SyncPublisher(ProducerCore[N]):
         if not self._open:
             raise self._not_open()
         limit = self.timeout if timeout is None else timeout
+        spent = 0.0
         conn = self._ready_connection()
         if conn is not None:
             node = self._direct[0]
+            start = conn.clock()
             try:
                 answer = conn.request(data, publish=True, timeout=limit)
             except NSQTimeout:
@@ -315,16 +327,31 @@ class SyncPublisher(ProducerCore[N]):
                 node.errors += 1
                 self._check_retryable(exc, node, conn)
                 self._retried += 1  # by the slow path below
+                spent = conn.clock() - start  # the call's timeout covers its retries too
             else:
                 node.answered(count)
                 return answer
-        answer, _, _ = self._send_routed(None, lambda p: data, None, None, timeout, count=count)
+        answer, _, _ = self._send_routed(
+            None, lambda p: data, None, None, timeout, count=count, spent=spent
+        )
         return answer
 
     def _ready_connection(self) -> SyncConnection | None:
         return self._direct[0].reusable(self._per_node) if len(self._direct) == 1 else None
 
     def _check_retryable(self, exc: Exception, node: N | None, conn: SyncConnection | None) -> None:
+        if isinstance(exc, OutcomeUnknown):
+            # Sent, and the connection ended before the answer: nsqd may hold it already, so
+            # sending it again could store it twice.
+            if node is not None and conn is not None:
+                self._discard(node, conn, False, exc)
+            raise exc
+        if isinstance(exc, ConfigRefused):  # the same settings fail the same way again
+            raise exc
+        if isinstance(exc, ServerError) and conn is not None:  # say, TLS that nsqd requires
+            refused = config_refusal(exc, conn.address, handshake=False)
+            if refused is not None:
+                raise refused
         close = self._retry_action(exc)  # raises when it may not be retried
         if node is not None and conn is not None:
             self._discard(node, conn, close, exc)
@@ -340,17 +367,22 @@ class SyncPublisher(ProducerCore[N]):
         deferred: bool = False,
         count: int = 1,
         ext: bool = False,
+        spent: float = 0.0,
     ) -> tuple[bytes, str, int | None]:
-        """Route, send, retry ``count`` messages. Returns (answer, nsqd address, partition)."""
+        """Route, send, retry ``count`` messages. Returns (answer, nsqd address, partition).
+
+        ``spent``: seconds of the call's timeout a failed first attempt already used."""
         if not self._open:
             raise self._not_open()
         limit = self.timeout if timeout is None else timeout
+        left = limit - spent
         # Fast path: the route is cached and its connection is up; no timer, no retry state.
         layout = self._lookup.cached(topic, "w") if self._lookup and topic else None
         route: tuple[str, int | None] | None = None
         if layout is not None and topic is not None and not deferred:
             conn = None
             node = None
+            start = 0.0
             try:
                 route = address, part = self._pick(topic, partition, key, layout)
                 node = self._by_address.get(address)
@@ -361,7 +393,8 @@ class SyncPublisher(ProducerCore[N]):
                     and (part is None or layout.partitioned)  # else refused below
                     and (not ext or conn.features.youzan)
                 ):
-                    answer = conn.request(build(part), publish=True, timeout=limit)
+                    start = conn.clock()
+                    answer = conn.request(build(part), publish=True, timeout=left)
                     node.answered(count)
                     return answer, address, part
             except NSQTimeout:
@@ -373,14 +406,17 @@ class SyncPublisher(ProducerCore[N]):
                 if node is not None and sent:
                     node.errors += 1
                 self._check_retryable(exc, node, conn)
-                if sent:  # the slow path below sends it again
+                if sent and conn is not None:  # the slow path below sends it again
                     self._retried += 1
+                    left -= conn.clock() - start
                 route = None  # it failed: route afresh
-        deadline = time.monotonic() + limit
+        if left <= 0.0:  # the first attempt used the call's time up: nothing sent again
+            raise timeout_error(limit)
+        deadline = time.monotonic() + left
         try:
             # Each step is bounded by the deadline; a front door may add an outer bound (the
             # event loop's covers connecting and lookups).
-            with self._bound(limit):
+            with self._bound(left):
                 return self._send_with_retries(
                     topic, build, partition, key, deferred, ext, route, deadline, count
                 )
@@ -419,7 +455,9 @@ class SyncPublisher(ProducerCore[N]):
                     node, conn = self._acquire(deadline)
                     part = partition
                 check_server(conn.features, conn.address, part, deferred, ext)
-                wait = max(0.0, deadline - time.monotonic())
+                wait = deadline - time.monotonic()
+                if wait <= 0.0:  # nothing sent: no time left to wait for an answer
+                    raise NSQTimeout("no time left to send")
                 try:
                     answer = conn.request(build(part), publish=True, timeout=wait)
                 except (ConnectionClosed, ServerError):
@@ -451,9 +489,37 @@ class SyncPublisher(ProducerCore[N]):
     def _acquire(self, deadline: float) -> tuple[N, SyncConnection]:
         """A connection to the next healthy configured nsqd, round-robin; opens one if needed."""
         last: Exception | None = None
+        refused: ConfigRefused | None = None
         for node in self._direct_candidates():
             try:
                 return node, self._node_connection(node, deadline)
             except ConnectionClosed as exc:
                 last = exc
+                if isinstance(exc, ConfigRefused):
+                    refused = exc
+        if refused is not None:  # the others cannot be reached: this is what to fix
+            raise refused
         raise NoNsqdAvailable(f"no nsqd reachable; last error: {last}") from last
+
+    def _check_settings(self) -> None:
+        """On entry: connect to the configured nsqd, one after the other until one answers
+        (within a connection's and a handshake's timeout in all), so that settings nsqd
+        refuses fail the start. One that cannot be reached is left to the publishes.
+
+        Raises:
+            ConfigRefused: An nsqd refused the settings.
+        """
+        config = self._config
+        limit = config.connect_timeout + config.handshake_timeout
+        deadline = time.monotonic() + limit
+        for node in self._direct:
+            if time.monotonic() >= deadline:
+                return
+            try:
+                with self._bound(limit):
+                    self._node_connection(node, deadline)
+            except ConfigRefused:
+                raise
+            except (NSQError, OSError, TimeoutError):
+                continue  # reconnecting can fix it: the publishes try again
+            return

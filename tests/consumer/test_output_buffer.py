@@ -124,20 +124,6 @@ async def test_a_small_timeout_delivers_a_low_rate_well_inside_250ms(
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_a_value_outside_this_nsqds_limits_is_its_refusal_in_last_error(
-    classic_cluster: Any, anyio_backend: str
-) -> None:
-    # nsqd's --min-output-buffer-timeout is 25 ms by default: 1 ms is refused at IDENTIFY.
-    nsqd = classic_cluster.nsqd[0]
-    async with Consumer(
-        unique("obuf_bad"), "c", nsqd_tcp_addresses=[nsqd.tcp], output_buffer_timeout=0.001
-    ) as consumer:
-        await wait_until(lambda: consumer.last_error is not None, 10, "nsqd's refusal")
-        assert "E_BAD_BODY" in str(consumer.last_error)
-        assert "output buffer timeout" in str(consumer.last_error)
-
-
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_nsqds_own_limits_decide(cluster_factory: Any, anyio_backend: str) -> None:
     cluster = cluster_factory("classic", nsqd_args=["--min-output-buffer-timeout=1ms"])
     nsqd = cluster.nsqd[0]

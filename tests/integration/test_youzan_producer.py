@@ -13,7 +13,7 @@ import pytest
 
 from compat.youzan import create_topic
 from smartnsq import Producer
-from smartnsq.errors import ExtNotSupported, NotSupported, TopicNotFound
+from smartnsq.errors import ExtNotSupported, InvalidArgument, NotSupported, TopicNotFound
 from smartnsq.ordered import go_partition, java_partition
 from smartnsq.protocol import MessageLayout, commands
 from smartnsq.trace import JsonFormatter
@@ -196,3 +196,21 @@ def test_a_missing_topic_fails_at_once_blocking(youzan_cluster, anyio_backend):
         with pytest.raises(TopicNotFound, match="create it first"):
             producer.publish_many(missing, [b"x"])
         assert time.monotonic() - started < 2
+
+
+@pytest.mark.parametrize("key", [b"\xff\xfe", 2**64, -(2**63) - 1])
+async def test_java_sharding_refuses_keys_java_cannot_hash(
+    youzan_cluster, topic2, anyio_backend, key
+):
+    # Before: a bare UnicodeDecodeError, or 2**64 silently on the partition of 0.
+    topic, _ = topic2
+    async with Producer(
+        lookupd_http_addresses=lookupds(youzan_cluster), sharding="java"
+    ) as producer:
+        with pytest.raises(InvalidArgument):
+            await producer.publish(topic, b"k", sharding_key=key, trace_id=5)
+        assert producer.stats().published == 0
+        # The go mapping takes the same key, and the partition it names stores it.
+        async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as go:
+            result = await go.publish(topic, b"k", sharding_key=key, trace_id=6)
+        assert result is not None and result.partition == go_partition(key, 2)

@@ -55,3 +55,36 @@ def test_sharder_selection():
         sharder_for("python")  # type: ignore[arg-type]
     with pytest.raises(InvalidType):
         go_partition(1.5, 2)  # type: ignore[arg-type]
+
+
+def test_java_mapping_refuses_bytes_that_are_not_utf8():
+    # A Java String has no twin for them: a typed error, not a bare UnicodeDecodeError.
+    with pytest.raises(InvalidArgument, match="not UTF-8"):
+        java_partition(b"\xff\xfe", 4)
+    assert java_partition("héllo".encode(), 4) == java_partition("héllo", 4)
+    assert go_partition(b"\xff\xfe", 4) == go_partition(b"\xff\xfe", 4)  # go hashes bytes
+
+
+@pytest.mark.parametrize("key", [2**63, -(2**63) - 1, 2**64])
+def test_java_mapping_refuses_ints_outside_javas_long(key):
+    # 2**64 used to wrap silently onto the partition of 0.
+    with pytest.raises(InvalidArgument, match="long range"):
+        java_partition(key, 4)
+    go_partition(key, 4)  # the go mapping hashes the decimal digits of any int
+
+
+@pytest.mark.parametrize("key", [2**63 - 1, -(2**63)])
+def test_java_mapping_takes_the_ends_of_javas_long(key):
+    assert 0 <= java_partition(key, 7) < 7
+
+
+@pytest.mark.parametrize("key", [b"\xff", 2**63])
+def test_producer_refuses_a_bad_java_key_before_sending(key):
+    from smartnsq.sync import Producer
+
+    # The lookupd address is never asked: the key is checked before anything is sent.
+    with Producer(lookupd_http_addresses=["127.0.0.1:1"], sharding="java") as producer:
+        with pytest.raises(InvalidArgument):
+            producer.publish("orders", b"x", sharding_key=key)
+        with pytest.raises(InvalidArgument):
+            producer.publish_many("orders", [b"x"], sharding_key=key)

@@ -9,6 +9,7 @@ import ssl
 import threading
 import time
 
+import anyio
 import pytest
 import trustme
 
@@ -20,12 +21,21 @@ from smartnsq.errors import (
     NotSupported,
     NSQError,
     NSQTimeout,
+    OutcomeUnknown,
     PartialPublish,
     UsedAfterFork,
 )
 from smartnsq.ordered import go_partition
 from smartnsq.sync import Producer
-from tests.helpers import lookupds, start_tls_cluster, topic_stats, unique, wait_for
+from tests.helpers import (
+    drain,
+    http_json,
+    lookupds,
+    start_tls_cluster,
+    topic_stats,
+    unique,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -288,10 +298,10 @@ def test_a_failed_later_batch_reports_how_many_were_published(cluster_factory):
     assert stored(nsqd.http, topic) == 5
 
 
-def test_a_connection_that_broke_under_a_publish_is_replaced_at_once():
-    """As in the async Producer (one publishing code): a publish on a pooled connection that
-    nsqd closed goes again at once on a new connection, as one retry, before ``max_retries``
-    (here none) counts; nsqd here closes its first connection at the second PUB."""
+def test_a_publish_whose_connection_broke_unanswered_is_not_sent_again():
+    """nsqd here closes its first connection after reading the second PUB, without an
+    answer: that message may be stored, so it is not sent again (before, it was, on a new
+    connection: a possible duplicate); the next publish takes a new connection at once."""
     import socket
 
     from smartnsq.protocol.frames import FRAME_RESPONSE, encode_frame
@@ -322,10 +332,85 @@ def test_a_connection_that_broke_under_a_publish_is_replaced_at_once():
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    with Producer([f"127.0.0.1:{port}"], max_retries=0, timeout=5) as producer:
+    with Producer([f"127.0.0.1:{port}"], max_retries=3, timeout=5) as producer:
         producer.publish("t", b"first")
-        producer.publish("t", b"second")
-        assert producer.stats().retried == 1
+        with pytest.raises(OutcomeUnknown, match="may or may not have been published"):
+            producer.publish("t", b"second")
+        assert producer.stats().retried == 0
+        producer.publish("t", b"third")
     thread.join(5)
     server.close()
     assert pubs == [1, 1, 2]
+
+
+def producer_connections(nsqd_http: str) -> int:
+    return len(http_json(f"http://{nsqd_http}/stats?format=json").get("producers") or [])
+
+
+@pytest.mark.parametrize("stop", [3.0, 6.0])
+def test_threads_sharing_a_producer_keep_their_timeout_and_never_resend(cluster_factory, stop):
+    """8 threads share one Producer(timeout=2); nsqd is stopped (SIGSTOP) for ``stop``
+    seconds under their publishes. Before: 7 of 8 calls raised after 4 s (a retry got a fresh
+    timeout), or returned after 3 s having sent their message again (stored twice)."""
+    nsqd = cluster_factory("classic", nsqd=1).nsqd[0]
+    topic = unique("sstop")
+    took: list[float] = [0.0] * 8
+    outcomes: list[object] = [None] * 8
+    with Producer([nsqd.tcp], timeout=2) as producer:
+        producer.publish(topic, b"warm")  # the shared connection is open
+        go = threading.Barrier(9)
+
+        def work(t: int) -> None:
+            go.wait()
+            started = time.monotonic()
+            try:
+                producer.publish(topic, b"body %d" % t)
+                outcomes[t] = "ok"
+            except NSQError as exc:
+                outcomes[t] = exc
+            took[t] = time.monotonic() - started
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for thread in threads:
+            thread.start()
+        resume = threading.Timer(stop, os.kill, (nsqd.pid, signal.SIGCONT))
+        os.kill(nsqd.pid, signal.SIGSTOP)
+        resume.start()
+        try:
+            go.wait()
+            for thread in threads:
+                thread.join(30)
+        finally:
+            resume.join()
+            os.kill(nsqd.pid, signal.SIGCONT)
+    assert max(took) < 2 + 0.5, (took, outcomes)
+    assert all(isinstance(o, NSQTimeout) for o in outcomes), outcomes
+    assert "may or may not have been published" in str(outcomes[0])
+    # Once nsqd is done with every connection, no body was stored twice: what was sent
+    # before the stop may be stored (nsqd reads it when it resumes, up to our close), but it
+    # is never sent again by a retry.
+    wait_for(lambda: producer_connections(nsqd.http) == 0, what="nsqd done with every connection")
+    stored_count = int(topic_stats(nsqd.http, topic)["message_count"])
+    bodies = [m.body for m in anyio.run(drain, nsqd.tcp, topic, "check", stored_count)]
+    assert b"warm" in bodies and len(bodies) == len(set(bodies)) == stored_count <= 9, bodies
+
+
+def test_settings_nsqd_refuses_fail_the_start(cluster_factory):
+    """As the async Producer: 30 s heartbeats refused by an nsqd that allows 10 s."""
+    from smartnsq.errors import BadBody, ConfigRefused
+
+    nsqd = cluster_factory("classic", nsqd_args=["--max-heartbeat-interval=10s"]).nsqd[0]
+    with (
+        pytest.raises(ConfigRefused, match="heartbeat") as info,
+        Producer([nsqd.tcp], heartbeat_interval=30),
+    ):
+        pytest.fail("entered")
+    assert isinstance(info.value.__cause__, BadBody)
+    # Used without 'with': its publish raises the same, at once, not retried.
+    producer = Producer([nsqd.tcp], heartbeat_interval=30, max_retries=3)
+    started = time.monotonic()
+    with pytest.raises(ConfigRefused):
+        producer.publish(unique("hb"), b"x")
+    assert time.monotonic() - started < 1
+    assert producer.stats().retried == 0
+    producer.close()
