@@ -413,7 +413,11 @@ async def test_a_new_topic_fails_over_from_an_nsqd_lookupd_still_lists(
     cluster_factory, anyio_backend
 ):
     cluster = cluster_factory("classic", nsqd=2)
-    stopped = cluster.nsqd[0]
+    # lookupd may list its nsqd in the same order every time, and ties go by that order:
+    # stop the one it lists first, so that it is tried whatever the order
+    listed = http_json(f"http://{cluster.lookupd[0].http}/nodes")["producers"]
+    first = listed[0]["tcp_port"]
+    stopped = next(d for d in cluster.nsqd if d.tcp.endswith(f":{first}"))
     stopped.signal(signal.SIGSTOP)  # still registered with lookupd, answers nothing
     try:
         async with Producer(lookupd_http_addresses=lookupds(cluster), timeout=10) as producer:
