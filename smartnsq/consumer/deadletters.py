@@ -82,6 +82,9 @@ class DeadLetterTopic:
         self.errors = LastErrors()
         self.producer: Producer | None = None
         self.pending: set[Message] = set()
+        # Ordered messages held between two failed copies (a subset of pending): nothing to
+        # wait for, a stop gives them back at once.
+        self.held: set[Message] = set()
 
     async def run(self) -> None:
         """The producer's life: from the consumer's start until its task group ends."""
@@ -178,7 +181,11 @@ class DeadLetterTopic:
             )
             if sub.ordered:
                 answers.touch_now(msg)
-                await anyio.sleep(delay)
+                self.held.add(msg)
+                try:
+                    await anyio.sleep(delay)
+                finally:
+                    self.held.discard(msg)
                 if msg._responded:  # a stop gave it back meanwhile
                     return
             # No backoff: the other messages are not at fault, they keep flowing.
@@ -195,6 +202,10 @@ class DeadLetterTopic:
         answers.discarded += 1
         answers.giving_up(msg, None)
         answers.fin(msg, count=False)
+
+    def copying(self) -> list[Message]:
+        """The messages whose copy is under way (not held between two tries)."""
+        return [m for m in self.pending if m not in self.held]
 
     def _refused(self, msg: Message, exc: Exception) -> None:
         text = (

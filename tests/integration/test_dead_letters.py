@@ -465,6 +465,43 @@ async def test_youzan_ordered_partition_waits_for_a_failing_copy_without_spinnin
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_youzan_a_stop_does_not_wait_for_an_ordered_message_held_between_copies(
+    cluster_factory, anyio_backend, caplog
+):
+    # Between two failed copies an ordered message is held, not copied: a graceful stop
+    # gives it back at once instead of waiting out the hold (up to stop_timeout).
+    cluster = cluster_factory("youzan", nsqd=2)
+    node = {n.http: i for i, n in enumerate(cluster.nsqd)}
+
+    def leader(info: dict[str, Any]) -> int:
+        [n] = info["partitions"].values()
+        return node[f"{n['broadcast_address']}:{n['http_port']}"]
+
+    topic, dead = unique("dlo"), unique("dlo_dead")
+    sink = leader(create_topic(cluster, dead, partitions=1, replicas=1, channel="d"))
+    while leader(create_topic(cluster, topic, 1, 1, ordered=True, channel="c")) == sink:
+        topic = unique("dlo")
+    source = cluster.nsqd[1 - sink]
+    async with Producer(lookupd_http_addresses=lookupds(cluster)) as producer:
+        await producer.publish(topic, b"poison", sharding_key="k")
+    cluster.kill_nsqd(sink, signal=signal.SIGTERM)
+    caplog.set_level(logging.WARNING, "smartnsq.consumer")
+    consumer = Consumer(
+        topic, "c", poison_first([]), lookupd_http_addresses=lookupds(cluster),
+        max_attempts=1, requeue_delay=0, backoff=False, dead_letter_topic=dead,
+    )  # fmt: skip
+    async with consumer:
+        await wait_until(lambda: failed_copies(caplog) >= 3, 30, "failed copies")  # held 4 s
+        started = anyio.current_time()
+        await consumer.stop(timeout=10.0)
+        took = anyio.current_time() - started
+    assert took < 2.0
+    assert not any("still unacknowledged" in r.getMessage() for r in caplog.records)
+    assert in_flight(source.http, topic, "c") == 0  # given back, not left in flight
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_message_over_one_mib_is_copied_when_nsqd_takes_it(cluster_factory, anyio_backend):
     # nsqd's --max-msg-size decides, not the Producer's default max_message_size (1 MiB).
     cluster = cluster_factory("classic", nsqd_args=["--max-msg-size=3000000"])
