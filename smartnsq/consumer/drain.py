@@ -86,6 +86,7 @@ class Drain:
                 answers.fin(pulled)
             else:
                 answers.give_back(pulled)
+        started = anyio.current_time()
         with anyio.move_on_after(timeout) as self.draining:
             while self.running(with_held=False) or self.threads.busy() or self._held():
                 await anyio.sleep(0.01)
@@ -102,11 +103,11 @@ class Drain:
         copying = dead.copying() if dead is not None else []
         if dead is not None and copying:
             log.warning(
-                "stop: %d copies to dead-letter topic %s still unacknowledged after %g s; "
+                "stop: %d copies to dead-letter topic %s still unacknowledged after %.1f s; "
                 "their messages are requeued (one may be copied twice)",
                 len(copying),
                 dead.letters.topic,
-                timeout,
+                anyio.current_time() - started,  # a second stop may have cut the wait
             )
         for msg in running:
             if not msg._responded:

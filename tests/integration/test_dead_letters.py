@@ -366,6 +366,41 @@ async def test_a_graceful_stop_leaves_no_copy_in_flight(cluster_factory, anyio_b
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_second_stop_cuts_the_wait_for_pending_copies(
+    cluster_factory, anyio_backend, caplog
+):
+    # As on a second Ctrl-C: the wait for copies is cut short, and the log says how long it
+    # really waited.
+    cluster = cluster_factory("classic", nsqd=2)
+    source, sink = cluster.nsqd
+    topic, dead = unique("dl"), unique("dl_dead")
+    create_channel(source.http, topic, "c")
+    create_channel(sink.http, dead, "d")
+    async with Producer([source.tcp]) as producer:
+        await producer.publish_many(topic, [b"m%d" % i for i in range(N)])
+    consumer = giving_up_at_once(cluster, topic, dead)
+    caplog.set_level(logging.WARNING, "smartnsq.consumer")
+    sink.signal(signal.SIGSTOP)
+    try:
+        async with consumer:
+            await wait_until(lambda: consumer.stats().received >= 2 * N, 10, "the give-ups")
+            started = anyio.current_time()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consumer.stop, 60.0)
+                await anyio.sleep(0.5)
+                await consumer.stop(timeout=0.0)
+            took = anyio.current_time() - started
+            assert in_flight(source.http, topic, "c") == 0
+    finally:
+        sink.signal(signal.SIGCONT)
+    assert took < 3.0
+    [warning] = [r.getMessage() for r in caplog.records if "still unacknowledged" in r.getMessage()]
+    waited = float(warning.split(" after ")[1].split(" s;")[0])
+    assert 0.5 <= waited < 3.0  # not the first stop's 60 s
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("kind", ["async", "sync"])
 async def test_youzan_ordered_partition_dead_letters_the_poison_and_moves_on(
     youzan_cluster, anyio_backend, kind
