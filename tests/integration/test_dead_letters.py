@@ -80,6 +80,15 @@ def test_the_dead_letter_topic_is_checked() -> None:
         Consumer("orders", "c", nsqd_tcp_addresses=["127.0.0.1:4150"], dead_letter_topic="a b")
 
 
+def test_a_dead_letter_topic_needs_a_limit_of_attempts() -> None:
+    # max_attempts=0 (no limit) gives nothing up: the dead-letter topic would never be used.
+    with pytest.raises(InvalidArgument, match="max_attempts"):
+        Consumer(
+            "orders", "c", nsqd_tcp_addresses=["127.0.0.1:4150"], max_attempts=0,
+            dead_letter_topic="orders.dead",
+        )  # fmt: skip
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("kind", ["async", "sync"])
