@@ -546,6 +546,45 @@ async def test_youzan_a_stop_does_not_wait_for_an_ordered_message_held_between_c
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_youzan_a_refused_fin_after_a_slow_copy_is_not_taken_from_finished(
+    cluster_factory, anyio_backend
+):
+    # The copy outlasts the message's timeout, so nsqd refuses the FIN that follows it. That
+    # FIN was never counted as finished (the message was given up on): the fork names the
+    # message as a byte list ("FIN [0 0 ... 2 ...] failed"), which must still be recognised.
+    cluster = cluster_factory("youzan", nsqd=2)
+    node = {n.http: i for i, n in enumerate(cluster.nsqd)}
+
+    def leader(info: dict[str, Any]) -> int:
+        [n] = info["partitions"].values()
+        return node[f"{n['broadcast_address']}:{n['http_port']}"]
+
+    topic, dead = unique("dlr"), unique("dlr_dead")
+    sink = cluster.nsqd[leader(create_topic(cluster, dead, partitions=1, replicas=1, channel="d"))]
+    while cluster.nsqd[leader(create_topic(cluster, topic, 1, 1, channel="c"))] is sink:
+        topic = unique("dlr")
+    async with Producer(lookupd_http_addresses=lookupds(cluster)) as producer:
+        await producer.publish(topic, b"poison")
+    consumer = Consumer(
+        topic, "c", failing("async", []), lookupd_http_addresses=lookupds(cluster),
+        max_attempts=1, requeue_delay=0, backoff=False, dead_letter_topic=dead, msg_timeout=1,
+    )  # fmt: skip
+    sink.signal(signal.SIGSTOP)
+    try:
+        async with consumer:
+            # given up on, its copy stuck: the original times out and comes again
+            await wait_until(lambda: consumer.stats().received >= 3, 20, "a redelivery")
+            sink.signal(signal.SIGCONT)
+            await wait_until(lambda: consumer.stats().refused >= 1, 20, "a refused FIN")
+            await wait_until(lambda: consumer.stats().discarded >= 1, 20, "a copy")
+            stats = consumer.stats()
+            assert stats.finished == 0 and stats.requeued >= 1  # given up: never "finished"
+    finally:
+        sink.signal(signal.SIGCONT)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_message_over_one_mib_is_copied_when_nsqd_takes_it(cluster_factory, anyio_backend):
     # nsqd's --max-msg-size decides, not the Producer's default max_message_size (1 MiB).
     cluster = cluster_factory("classic", nsqd_args=["--max-msg-size=3000000"])
