@@ -82,8 +82,10 @@ class DeadLetterTopic:
         self.errors = LastErrors()
         self.producer: Producer | None = None
         self.pending: set[Message] = set()
-        # Ordered messages held between two failed copies (a subset of pending): nothing to
-        # wait for, a stop gives them back at once.
+        # Of pending, those with nothing to wait for, which a stop gives back at once: copies
+        # asked for but not started (a start asked from a read callback is skipped once the
+        # stop began), and ordered messages held between two failed copies.
+        self.queued: set[Message] = set()
         self.held: set[Message] = set()
 
     async def run(self) -> None:
@@ -136,8 +138,13 @@ class DeadLetterTopic:
     def give_up(self, msg: Message, answers: Settle) -> None:
         if self.state.spawn(self._send, msg, answers):
             self.pending.add(msg)
+            self.queued.add(msg)
 
     async def _send(self, msg: Message, answers: Settle) -> None:
+        self.queued.discard(msg)
+        if msg._responded:  # a stop gave it back before the copy started
+            self.pending.discard(msg)
+            return
         try:
             await self._copy(msg, answers)
         finally:
@@ -204,8 +211,8 @@ class DeadLetterTopic:
         answers.fin(msg, count=False)
 
     def copying(self) -> list[Message]:
-        """The messages whose copy is under way (not held between two tries)."""
-        return [m for m in self.pending if m not in self.held]
+        """The messages whose copy is under way (started, not held between two tries)."""
+        return [m for m in self.pending if m not in self.held and m not in self.queued]
 
     def _refused(self, msg: Message, exc: Exception) -> None:
         text = (

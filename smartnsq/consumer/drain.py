@@ -44,8 +44,8 @@ class Drain:
         self.draining: anyio.CancelScope | None = None  # the wait for running handlers
 
     def running(self, threads: bool = True, with_held: bool = True) -> list[Message]:
-        """The messages whose handling is under way (``with_held``: also ordered messages
-        waiting between two failed dead-letter copies)."""
+        """The messages whose handling is under way (``with_held``: also dead-letter copies
+        not started yet, and ordered messages held between two failed copies)."""
         running = self.workers.running()
         pool = self.threads.pool
         if threads and pool is not None:

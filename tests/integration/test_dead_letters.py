@@ -375,6 +375,38 @@ async def test_a_graceful_stop_leaves_no_copy_in_flight(cluster_factory, anyio_b
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_stops_amid_a_flow_of_given_up_messages_do_not_wait_for_nothing(
+    classic_cluster, anyio_backend, caplog
+):
+    # A copy asked for in a read callback starts in a task a moment later; a stop that
+    # comes in between once left it never started yet counted as pending: the stop waited
+    # its whole timeout for it. The dead-letter nsqd is healthy here: no stop should wait.
+    nsqd = classic_cluster.nsqd[0]
+    topic, dead = unique("dlflow"), unique("dlflow_dead")
+    create_channel(nsqd.http, topic, "c")
+    create_channel(nsqd.http, dead, "d")
+    async with Producer([nsqd.tcp]) as producer:
+        for _ in range(20):
+            await producer.publish_many(topic, [b"x"] * 5000)
+    caplog.set_level(logging.WARNING, "smartnsq.consumer")
+    took = []
+    for _ in range(12):
+        consumer = Consumer(
+            topic, "c", failing("async", []), nsqd_tcp_addresses=[nsqd.tcp],
+            max_in_flight=200, max_attempts=1, requeue_delay=0, backoff=False,
+            dead_letter_topic=dead,
+        )  # fmt: skip
+        async with consumer:
+            await wait_until(lambda: consumer.stats().discarded >= 500, 20, "give-ups")  # noqa: B023
+            started = anyio.current_time()
+            await consumer.stop(timeout=3.0)
+            took.append(anyio.current_time() - started)
+    assert max(took) < 2.0, took
+    assert not any("still unacknowledged" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_second_stop_cuts_the_wait_for_pending_copies(
     cluster_factory, anyio_backend, caplog
 ):
