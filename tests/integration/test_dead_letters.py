@@ -576,6 +576,7 @@ async def test_youzan_a_stop_does_not_wait_for_an_ordered_message_held_between_c
     assert in_flight(source.http, topic, "c") == 0  # given back, not left in flight
 
 
+@pytest.mark.slow  # about a minute: the paused fork takes its time to redeliver and copy
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_youzan_a_refused_fin_after_a_slow_copy_is_not_taken_from_finished(
