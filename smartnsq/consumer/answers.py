@@ -180,9 +180,9 @@ class Answers:
         """nsqd refused a FIN or REQ (the message was no longer in flight: it had timed out,
         say): it counts as refused, not as finished or requeued."""
         if isinstance(err, FinFailed):
-            words = err.description.split()
-            if len(words) > 1 and words[0] == "FIN" and words[1] in self.uncounted:
-                del self.uncounted[words[1]]  # a given-up message's: not counted as finished
+            key = refused_key(err.description)
+            if key in self.uncounted:
+                del self.uncounted[key]  # a given-up message's: not counted as finished
             else:
                 self.finished -= 1
         elif isinstance(err, ReqFailed):
@@ -319,11 +319,22 @@ UNCOUNTED = 1024  # given-up messages' FINs remembered for refusals that may fol
 
 def answer_keys(msg: Message) -> tuple[str, ...]:
     """How nsqd's E_FIN_FAILED text may name ``msg``: classic nsqd by its 16 hex characters,
-    the Youzan fork by its internal id in decimal."""
-    keys = [str(msg.internal_id)]
+    the Youzan fork by its internal id in decimal or by its id's bytes as Go prints them
+    (``[0 0 0 0 0 0 0 2 0 0 0 0 0 0 0 0]``)."""
+    keys = [str(msg.internal_id), "[" + " ".join(map(str, msg.id)) + "]"]
     if msg.id.isascii():
         keys.append(msg.id.decode())
     return tuple(keys)
+
+
+def refused_key(description: str) -> str:
+    """The message an E_FIN_FAILED text names (``FIN <id> failed ...``), as answer_keys."""
+    if not description.startswith("FIN "):
+        return ""
+    rest = description[4:]
+    if rest.startswith("["):  # a Go byte list: spaces inside
+        return rest[: rest.find("]") + 1]
+    return rest.split(" ", 1)[0]
 
 
 def lost(msg: Message, what: str) -> None:

@@ -82,6 +82,11 @@ class DeadLetterTopic:
         self.errors = LastErrors()
         self.producer: Producer | None = None
         self.pending: set[Message] = set()
+        # Of pending, those with nothing to wait for, which a stop gives back at once: copies
+        # asked for but not started (a start asked from a read callback is skipped once the
+        # stop began), and ordered messages held between two failed copies.
+        self.queued: set[Message] = set()
+        self.held: set[Message] = set()
 
     async def run(self) -> None:
         """The producer's life: from the consumer's start until its task group ends."""
@@ -133,8 +138,13 @@ class DeadLetterTopic:
     def give_up(self, msg: Message, answers: Settle) -> None:
         if self.state.spawn(self._send, msg, answers):
             self.pending.add(msg)
+            self.queued.add(msg)
 
     async def _send(self, msg: Message, answers: Settle) -> None:
+        self.queued.discard(msg)
+        if msg._responded:  # a stop gave it back before the copy started
+            self.pending.discard(msg)
+            return
         try:
             await self._copy(msg, answers)
         finally:
@@ -178,7 +188,11 @@ class DeadLetterTopic:
             )
             if sub.ordered:
                 answers.touch_now(msg)
-                await anyio.sleep(delay)
+                self.held.add(msg)
+                try:
+                    await anyio.sleep(delay)
+                finally:
+                    self.held.discard(msg)
                 if msg._responded:  # a stop gave it back meanwhile
                     return
             # No backoff: the other messages are not at fault, they keep flowing.
@@ -195,6 +209,10 @@ class DeadLetterTopic:
         answers.discarded += 1
         answers.giving_up(msg, None)
         answers.fin(msg, count=False)
+
+    def copying(self) -> list[Message]:
+        """The messages whose copy is under way (started, not held between two tries)."""
+        return [m for m in self.pending if m not in self.held and m not in self.queued]
 
     def _refused(self, msg: Message, exc: Exception) -> None:
         text = (

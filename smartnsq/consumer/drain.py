@@ -43,8 +43,9 @@ class Drain:
         self.stopped = anyio.Event()
         self.draining: anyio.CancelScope | None = None  # the wait for running handlers
 
-    def running(self, threads: bool = True) -> list[Message]:
-        """The messages whose handling is under way."""
+    def running(self, threads: bool = True, with_held: bool = True) -> list[Message]:
+        """The messages whose handling is under way (``with_held``: also dead-letter copies
+        not started yet, and ordered messages held between two failed copies)."""
         running = self.workers.running()
         pool = self.threads.pool
         if threads and pool is not None:
@@ -53,7 +54,7 @@ class Drain:
             running += self.answers.awaiting
         dead = self.answers.dead
         if dead is not None and dead.pending:  # copies to the dead-letter topic under way
-            running += dead.pending
+            running += dead.pending if with_held else dead.copying()
         return running
 
     def _held(self) -> bool:
@@ -85,8 +86,9 @@ class Drain:
                 answers.fin(pulled)
             else:
                 answers.give_back(pulled)
+        started = anyio.current_time()
         with anyio.move_on_after(timeout) as self.draining:
-            while self.running() or self.threads.busy() or self._held():
+            while self.running(with_held=False) or self.threads.busy() or self._held():
                 await anyio.sleep(0.01)
         self.draining = None
         self.workers.cancel()
@@ -98,13 +100,14 @@ class Drain:
         if pool is not None:
             running += pool.steal_running()
         dead = self.answers.dead
-        if dead is not None and dead.pending:
+        copying = dead.copying() if dead is not None else []
+        if dead is not None and copying:
             log.warning(
-                "stop: %d copies to dead-letter topic %s still unacknowledged after %g s; "
+                "stop: %d copies to dead-letter topic %s still unacknowledged after %.1f s; "
                 "their messages are requeued (one may be copied twice)",
-                len(dead.pending),
+                len(copying),
                 dead.letters.topic,
-                timeout,
+                anyio.current_time() - started,  # a second stop may have cut the wait
             )
         for msg in running:
             if not msg._responded:

@@ -156,8 +156,9 @@ class Consumer:
                 [`set_max_in_flight`][smartnsq.Consumer.set_max_in_flight].
             max_attempts: A message delivered more than this many times is not handed to the
                 handler: it goes to ``on_giving_up`` (or a warning is logged) and is FINed.
-                0 means no limit. Not applied on ordered partitions, where skipping a message
-                would break the order, unless there is a ``dead_letter_topic``. Default 5.
+                0 means no limit (not with a ``dead_letter_topic``). Not applied on ordered
+                partitions, where skipping a message would break the order, unless there is a
+                ``dead_letter_topic``. Default 5.
             requeue_delay: Delay of a REQ when the handler fails (or calls
                 ``message.requeue()`` without a delay): ``requeue_delay`` times the message's
                 attempts, capped by ``max_requeue_delay``. Default 90.0. Ordered partitions

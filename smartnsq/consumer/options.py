@@ -136,6 +136,11 @@ class Options:
                 )
         check_number("max_in_flight", self.max_in_flight, integer=True, min=0)
         check_number("max_attempts", self.max_attempts, integer=True, min=0)
+        if self.dead_letter_topic is not None and self.max_attempts == 0:
+            raise InvalidArgument(
+                "dead_letter_topic needs max_attempts >= 1: with 0 (no limit) no message is "
+                "ever given up, so none would reach the dead-letter topic"
+            )
         check_number("requeue_delay", self.requeue_delay, min=0)
         check_number("max_requeue_delay", self.max_requeue_delay, min=0, max=DELAY_LIMIT)
         check_bool("backoff", self.backoff)

@@ -18,8 +18,9 @@ and without ``nsqd``: ``nsq_producer_failed_messages_total``, ``nsq_producer_ret
 
 Consumer metrics (labels ``topic``, ``channel``): ``nsq_consumer_received_messages_total``,
 ``nsq_consumer_finished_messages_total``, ``nsq_consumer_requeued_messages_total``,
-``nsq_consumer_discarded_messages_total``, ``nsq_consumer_connections``,
-``nsq_consumer_in_flight``, ``nsq_consumer_backoff_level``; per connection (also ``nsqd``,
+``nsq_consumer_discarded_messages_total``, ``nsq_consumer_refused_answers_total`` (FINs and
+REQs nsqd refused), ``nsq_consumer_connections``, ``nsq_consumer_in_flight``,
+``nsq_consumer_backoff_level``; per connection (also ``nsqd``,
 ``partition``, empty on classic nsqd): ``nsq_consumer_connection_rdy``,
 ``nsq_consumer_connection_in_flight``, ``nsq_consumer_connection_received_messages_total``.
 
@@ -76,6 +77,7 @@ _CONSUMER = (
     ("nsq_consumer_finished_messages", "Messages finished", "counter", "finished"),
     ("nsq_consumer_requeued_messages", "Messages requeued", "counter", "requeued"),
     ("nsq_consumer_discarded_messages", "Messages given up on", "counter", "discarded"),
+    ("nsq_consumer_refused_answers", "FINs and REQs nsqd refused", "counter", "refused"),
     ("nsq_consumer_connections", "Subscribed connections", "gauge", "connections"),
     ("nsq_consumer_in_flight", "Messages received and not answered", "gauge", "in_flight"),
     ("nsq_consumer_backoff_level", "Backoff level (0: not backing off)", "gauge", "backoff_level"),

@@ -35,3 +35,8 @@ def test_a_given_up_message_s_refused_fin_takes_nothing_back() -> None:
     a.not_counted(youzan)
     a.refused_by_nsqd(FinFailed("E_FIN_FAILED", "FIN 77 failed not in flight"))
     assert (a.finished, a.refused) == (5, 2)
+    # as the fork (v0.3.7-HA) really writes it: the id's bytes as Go prints them
+    a.not_counted(youzan)
+    text = "FIN [0 0 0 0 0 0 0 77 0 0 0 0 0 0 0 0] failed ErrType:7 ErrCode:0 : not in flight"
+    a.refused_by_nsqd(FinFailed("E_FIN_FAILED", text))
+    assert (a.finished, a.refused) == (5, 3)

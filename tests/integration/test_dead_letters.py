@@ -80,6 +80,15 @@ def test_the_dead_letter_topic_is_checked() -> None:
         Consumer("orders", "c", nsqd_tcp_addresses=["127.0.0.1:4150"], dead_letter_topic="a b")
 
 
+def test_a_dead_letter_topic_needs_a_limit_of_attempts() -> None:
+    # max_attempts=0 (no limit) gives nothing up: the dead-letter topic would never be used.
+    with pytest.raises(InvalidArgument, match="max_attempts"):
+        Consumer(
+            "orders", "c", nsqd_tcp_addresses=["127.0.0.1:4150"], max_attempts=0,
+            dead_letter_topic="orders.dead",
+        )  # fmt: skip
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("kind", ["async", "sync"])
@@ -366,6 +375,73 @@ async def test_a_graceful_stop_leaves_no_copy_in_flight(cluster_factory, anyio_b
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_stops_amid_a_flow_of_given_up_messages_do_not_wait_for_nothing(
+    classic_cluster, anyio_backend, caplog
+):
+    # A copy asked for in a read callback starts in a task a moment later; a stop that
+    # comes in between once left it never started yet counted as pending: the stop waited
+    # its whole timeout for it. The dead-letter nsqd is healthy here: no stop should wait.
+    nsqd = classic_cluster.nsqd[0]
+    topic, dead = unique("dlflow"), unique("dlflow_dead")
+    create_channel(nsqd.http, topic, "c")
+    create_channel(nsqd.http, dead, "d")
+    async with Producer([nsqd.tcp]) as producer:
+        for _ in range(20):
+            await producer.publish_many(topic, [b"x"] * 5000)
+    caplog.set_level(logging.WARNING, "smartnsq.consumer")
+    took = []
+    for _ in range(12):
+        consumer = Consumer(
+            topic, "c", failing("async", []), nsqd_tcp_addresses=[nsqd.tcp],
+            max_in_flight=200, max_attempts=1, requeue_delay=0, backoff=False,
+            dead_letter_topic=dead,
+        )  # fmt: skip
+        async with consumer:
+            await wait_until(lambda: consumer.stats().discarded >= 500, 20, "give-ups")  # noqa: B023
+            started = anyio.current_time()
+            await consumer.stop(timeout=3.0)
+            took.append(anyio.current_time() - started)
+    assert max(took) < 2.0, took
+    assert not any("still unacknowledged" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_second_stop_cuts_the_wait_for_pending_copies(
+    cluster_factory, anyio_backend, caplog
+):
+    # As on a second Ctrl-C: the wait for copies is cut short, and the log says how long it
+    # really waited.
+    cluster = cluster_factory("classic", nsqd=2)
+    source, sink = cluster.nsqd
+    topic, dead = unique("dl"), unique("dl_dead")
+    create_channel(source.http, topic, "c")
+    create_channel(sink.http, dead, "d")
+    async with Producer([source.tcp]) as producer:
+        await producer.publish_many(topic, [b"m%d" % i for i in range(N)])
+    consumer = giving_up_at_once(cluster, topic, dead)
+    caplog.set_level(logging.WARNING, "smartnsq.consumer")
+    sink.signal(signal.SIGSTOP)
+    try:
+        async with consumer:
+            await wait_until(lambda: consumer.stats().received >= 2 * N, 10, "the give-ups")
+            started = anyio.current_time()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consumer.stop, 60.0)
+                await anyio.sleep(0.5)
+                await consumer.stop(timeout=0.0)
+            took = anyio.current_time() - started
+            assert in_flight(source.http, topic, "c") == 0
+    finally:
+        sink.signal(signal.SIGCONT)
+    assert took < 3.0
+    [warning] = [r.getMessage() for r in caplog.records if "still unacknowledged" in r.getMessage()]
+    waited = float(warning.split(" after ")[1].split(" s;")[0])
+    assert 0.5 <= waited < 3.0  # not the first stop's 60 s
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("kind", ["async", "sync"])
 async def test_youzan_ordered_partition_dead_letters_the_poison_and_moves_on(
     youzan_cluster, anyio_backend, kind
@@ -461,6 +537,83 @@ async def test_youzan_ordered_partition_waits_for_a_failing_copy_without_spinnin
         assert handled == []
         cluster.restart_nsqd(sink)
         await wait_until(lambda: handled == bodies[1:], 120, "the partition moving on")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_youzan_a_stop_does_not_wait_for_an_ordered_message_held_between_copies(
+    cluster_factory, anyio_backend, caplog
+):
+    # Between two failed copies an ordered message is held, not copied: a graceful stop
+    # gives it back at once instead of waiting out the hold (up to stop_timeout).
+    cluster = cluster_factory("youzan", nsqd=2)
+    node = {n.http: i for i, n in enumerate(cluster.nsqd)}
+
+    def leader(info: dict[str, Any]) -> int:
+        [n] = info["partitions"].values()
+        return node[f"{n['broadcast_address']}:{n['http_port']}"]
+
+    topic, dead = unique("dlo"), unique("dlo_dead")
+    sink = leader(create_topic(cluster, dead, partitions=1, replicas=1, channel="d"))
+    while leader(create_topic(cluster, topic, 1, 1, ordered=True, channel="c")) == sink:
+        topic = unique("dlo")
+    source = cluster.nsqd[1 - sink]
+    async with Producer(lookupd_http_addresses=lookupds(cluster)) as producer:
+        await producer.publish(topic, b"poison", sharding_key="k")
+    cluster.kill_nsqd(sink, signal=signal.SIGTERM)
+    caplog.set_level(logging.WARNING, "smartnsq.consumer")
+    consumer = Consumer(
+        topic, "c", poison_first([]), lookupd_http_addresses=lookupds(cluster),
+        max_attempts=1, requeue_delay=0, backoff=False, dead_letter_topic=dead,
+    )  # fmt: skip
+    async with consumer:
+        await wait_until(lambda: failed_copies(caplog) >= 3, 30, "failed copies")  # held 4 s
+        started = anyio.current_time()
+        await consumer.stop(timeout=10.0)
+        took = anyio.current_time() - started
+    assert took < 2.0
+    assert not any("still unacknowledged" in r.getMessage() for r in caplog.records)
+    assert in_flight(source.http, topic, "c") == 0  # given back, not left in flight
+
+
+@pytest.mark.slow  # about a minute: the paused fork takes its time to redeliver and copy
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_youzan_a_refused_fin_after_a_slow_copy_is_not_taken_from_finished(
+    cluster_factory, anyio_backend
+):
+    # The copy outlasts the message's timeout, so nsqd refuses the FIN that follows it. That
+    # FIN was never counted as finished (the message was given up on): the fork names the
+    # message as a byte list ("FIN [0 0 ... 2 ...] failed"), which must still be recognised.
+    cluster = cluster_factory("youzan", nsqd=2)
+    node = {n.http: i for i, n in enumerate(cluster.nsqd)}
+
+    def leader(info: dict[str, Any]) -> int:
+        [n] = info["partitions"].values()
+        return node[f"{n['broadcast_address']}:{n['http_port']}"]
+
+    topic, dead = unique("dlr"), unique("dlr_dead")
+    sink = cluster.nsqd[leader(create_topic(cluster, dead, partitions=1, replicas=1, channel="d"))]
+    while cluster.nsqd[leader(create_topic(cluster, topic, 1, 1, channel="c"))] is sink:
+        topic = unique("dlr")
+    async with Producer(lookupd_http_addresses=lookupds(cluster)) as producer:
+        await producer.publish(topic, b"poison")
+    consumer = Consumer(
+        topic, "c", failing("async", []), lookupd_http_addresses=lookupds(cluster),
+        max_attempts=1, requeue_delay=0, backoff=False, dead_letter_topic=dead, msg_timeout=1,
+    )  # fmt: skip
+    sink.signal(signal.SIGSTOP)
+    try:
+        async with consumer:
+            # given up on, its copy stuck: the original times out and comes again
+            await wait_until(lambda: consumer.stats().received >= 3, 20, "a redelivery")
+            sink.signal(signal.SIGCONT)
+            await wait_until(lambda: consumer.stats().refused >= 1, 20, "a refused FIN")
+            await wait_until(lambda: consumer.stats().discarded >= 1, 20, "a copy")
+            stats = consumer.stats()
+            assert stats.finished == 0 and stats.requeued >= 1  # given up: never "finished"
+    finally:
+        sink.signal(signal.SIGCONT)
 
 
 @pytest.mark.anyio

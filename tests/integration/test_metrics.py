@@ -69,6 +69,7 @@ async def test_prometheus_collector_reads_stats_at_scrape(classic_cluster, anyio
         assert value("nsq_consumer_received_messages_total", mine) == 201
         assert value("nsq_consumer_finished_messages_total", mine) == 201
         assert value("nsq_consumer_requeued_messages_total", mine) == 0
+        assert value("nsq_consumer_refused_answers_total", mine) == 0  # stats().refused
         assert value("nsq_consumer_connections", mine) == 1
         assert value("nsq_consumer_in_flight", mine) == 0
         assert value("nsq_consumer_backoff_level", mine) == 0
