@@ -288,7 +288,11 @@ class _Copier:
             if not await turn.wait_for_previous():
                 # The copy before it in its key's line failed: not copied ahead of it.
                 turn.failed = True
-                message.requeue()
+                if self._stopping() or (self.limit is not None and self.taken >= self.limit):
+                    # Not a failure behind it but a stop: back at once, no retry delay.
+                    message.requeue(0, backoff=False)
+                else:
+                    message.requeue()
                 return
             turn.failed = not await self._copy(message)
         finally:
