@@ -21,7 +21,14 @@ from smartnsq.cli.progress import PubProgress
 from smartnsq.cli.status import Verdict
 from smartnsq.cli.tally import Tally
 from smartnsq.cli.words import flag_words
-from smartnsq.errors import ConnectFailed, ConnectionClosed, NSQError, NSQTimeout, PartialPublish
+from smartnsq.errors import (
+    ConnectFailed,
+    ConnectionClosed,
+    MessageTooLarge,
+    NSQError,
+    NSQTimeout,
+    PartialPublish,
+)
 
 __all__ = ["MAX_FAILED_IN_A_ROW", "Publisher", "Settings", "ranges"]
 
@@ -231,6 +238,16 @@ class Publisher:
         except PartialPublish as exc:
             acked = exc.published
             self._failed(source, [first + i for i, _ in lines[acked:]], str(exc))
+        except MessageTooLarge as exc:
+            # Nothing was sent. The line is at fault, not the batch nor the cluster: halve
+            # the batch until the lines too large fail alone and the others go out.
+            self.sent -= len(lines)
+            if len(lines) == 1:
+                self._failed(source, [first + lines[0][0]], str(exc), cluster=False)
+                return
+            half = len(lines) // 2
+            await self._publish_batch(mark, key, lines[:half])
+            await self._publish_batch(mark, key, lines[half:])
         except NSQError as exc:
             unknown = _outcome_unknown(exc)
             self._failed(source, [first + i for i, _ in lines], str(exc), unknown=unknown)
