@@ -220,7 +220,8 @@ class _Copier:
 
     async def run(self, consumer: Consumer, source: str) -> None:
         self.source = source
-        await check_reachable(self.options, source)
+        if not await check_reachable(self.options, source, self.verdict):
+            return  # a signal during the check
         configure_logging(self.options)
         self.last_seen = anyio.current_time()
 
