@@ -108,6 +108,10 @@ class Publisher:
         token = anyio.lowlevel.current_token()
 
         def emit(item: Item) -> None:
+            if self.stop_reading.is_set():
+                # Nobody takes it any more; handing it over could outlive the event loop
+                # (a coroutine never awaited, warned about at exit).
+                return
             try:
                 anyio.from_thread.run(send.send, item, token=token)
             except BaseException:  # the publisher stopped listening: stop reading
@@ -153,6 +157,7 @@ class Publisher:
             self.progress.update(self.tally, item.size)
         if self.failed_in_a_row >= MAX_FAILED_IN_A_ROW:
             self.tally.gave_up = True
+            self.stop_reading.set()
 
     def _interrupted(self) -> None:
         # Stop taking input and sending; the batch in flight is still answered.

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli.clihelp import LineReader, lines_of, run_cli, spawn_cli, wait_exit
+from tests.cli.clihelp import LineReader, connected_to, lines_of, run_cli, spawn_cli, wait_exit
 from tests.helpers import channel_stats, create_channel, settled, topic_stats, unique, wait_for
 
 pytestmark = pytest.mark.integration
@@ -106,14 +106,6 @@ def test_a_signal_gives_130_or_143_and_the_summary_says_interrupted(
         )
 
 
-def _connected_to(http: str) -> bool:
-    """Some process holds an open TCP connection to ``http`` (Linux /proc/net/tcp)."""
-    port = f"{int(http.rpartition(':')[2]):04X}"
-    with open("/proc/net/tcp") as table:
-        rows = [line.split() for line in table.readlines()[1:]]
-    return any(row[2].endswith(":" + port) and row[3] == "01" for row in rows)
-
-
 @pytest.mark.parametrize("command", ["to-nsq", "to-file"])
 def test_a_signal_during_start_up_still_gives_the_json_summary(cluster_factory, tmp_path, command):
     # lookupd does not answer (SIGSTOP): Ctrl-C while the command still looks the topic up.
@@ -124,7 +116,7 @@ def test_a_signal_during_start_up_still_gives_the_json_summary(cluster_factory, 
     os.kill(lookupd.pid, signal.SIGSTOP)
     try:
         proc = spawn_cli(command, topic, "--lookupd", lookupd.http, "--json", *extra)
-        wait_for(lambda: _connected_to(lookupd.http), what="the lookup under way")
+        wait_for(lambda: connected_to(lookupd.http), what="the lookup under way")
         proc.send_signal(signal.SIGINT)
         status = wait_exit(proc, timeout=10)
     finally:
