@@ -255,10 +255,6 @@ def summarize(
             disk_depth=_int(t.get("backend_depth")),
             messages=messages,
         )
-        if partition is not None:
-            # The fork reports a partition's depth in bytes of its log, not in messages
-            # (its channels' depth and lag count messages): left out, not shown as messages.
-            part.update(depth=None, memory_depth=None, disk_depth=None)
         part["rate"] = _rate(messages, old_messages, dt)
         old_channels = {c.get("channel_name"): c for c in (old or {}).get("channels") or []}
         for c in t.get("channels") or []:
@@ -293,8 +289,6 @@ def _topic_totals(topic: dict[str, Any]) -> dict[str, Any]:
                 channels[cname].setdefault("lag_by_partition", {})[part["partition"]] = row["lag"]
         part["channels"] = [{"channel": k, **v} for k, v in part["channels"].items()]
     topic["partitioned"] = partitioned
-    if partitioned:
-        topic.update(depth=None, memory_depth=None, disk_depth=None)
     topic["partitions" if partitioned else "nodes"] = parts
     topic["channels"] = list(channels.values())
     return topic

@@ -276,16 +276,3 @@ def test_to_nsq_by_partition_gives_the_waiting_copies_back_at_once_on_ctrl_c(you
     assert rest.returncode == 0, rest.stderr
     assert json.loads(rest.stdout)["published"] == total - copied
     assert _messages(youzan_cluster, dst) >= total
-
-
-def test_stat_does_not_show_the_forks_topic_bytes_as_a_depth(youzan_cluster):
-    # The fork reports a partition's depth in bytes of its log: 5 messages are not a depth of
-    # hundreds. stat leaves it out rather than show bytes as messages.
-    topic = unique("cli_yzdepth")
-    create_topic(youzan_cluster, topic, partitions=1, replicas=1, channel="ch")
-    pub = run_cli("pub", *addresses(youzan_cluster), topic, input=lines_of(*"abcde"))
-    assert pub.returncode == 0, pub.stderr
-    wait_for(lambda: _channel_depths(_stat(youzan_cluster, topic)) == {0: 5}, what="depth")
-    found = _stat(youzan_cluster, topic)
-    assert found["messages"] == 5
-    assert found["depth"] is None and found["partitions"][0]["depth"] is None, found
