@@ -21,7 +21,14 @@ from smartnsq.cli.progress import PubProgress
 from smartnsq.cli.status import Verdict
 from smartnsq.cli.tally import Tally
 from smartnsq.cli.words import flag_words
-from smartnsq.errors import ConnectFailed, ConnectionClosed, NSQError, NSQTimeout, PartialPublish
+from smartnsq.errors import (
+    ConnectFailed,
+    ConnectionClosed,
+    MessageTooLarge,
+    NSQError,
+    NSQTimeout,
+    PartialPublish,
+)
 
 __all__ = ["MAX_FAILED_IN_A_ROW", "Publisher", "Settings", "ranges"]
 
@@ -101,6 +108,10 @@ class Publisher:
         token = anyio.lowlevel.current_token()
 
         def emit(item: Item) -> None:
+            if self.stop_reading.is_set():
+                # Nobody takes it any more; handing it over could outlive the event loop
+                # (a coroutine never awaited, warned about at exit).
+                return
             try:
                 anyio.from_thread.run(send.send, item, token=token)
             except BaseException:  # the publisher stopped listening: stop reading
@@ -146,6 +157,7 @@ class Publisher:
             self.progress.update(self.tally, item.size)
         if self.failed_in_a_row >= MAX_FAILED_IN_A_ROW:
             self.tally.gave_up = True
+            self.stop_reading.set()
 
     def _interrupted(self) -> None:
         # Stop taking input and sending; the batch in flight is still answered.
@@ -231,6 +243,16 @@ class Publisher:
         except PartialPublish as exc:
             acked = exc.published
             self._failed(source, [first + i for i, _ in lines[acked:]], str(exc))
+        except MessageTooLarge as exc:
+            # Nothing was sent. The line is at fault, not the batch nor the cluster: halve
+            # the batch until the lines too large fail alone and the others go out.
+            self.sent -= len(lines)
+            if len(lines) == 1:
+                self._failed(source, [first + lines[0][0]], str(exc), cluster=False)
+                return
+            half = len(lines) // 2
+            await self._publish_batch(mark, key, lines[:half])
+            await self._publish_batch(mark, key, lines[half:])
         except NSQError as exc:
             unknown = _outcome_unknown(exc)
             self._failed(source, [first + i for i, _ in lines], str(exc), unknown=unknown)

@@ -8,6 +8,7 @@ import logging
 import anyio
 
 from smartnsq.cli.options import CliError, Common
+from smartnsq.cli.status import Verdict
 from smartnsq.errors import NSQError
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.protocol.names import validate_topic
@@ -39,9 +40,26 @@ async def _can_connect(address: str) -> str | None:
     return None
 
 
-async def check_reachable(options: Common, topic: str | None) -> None:
+async def check_reachable(
+    options: Common, topic: str | None, verdict: Verdict | None = None
+) -> bool:
     """Fail with one line unless some nsqd connects or some lookupd answers for ``topic``
-    (any topic name serves when none is known yet: the answer is what is checked)."""
+    (any topic name serves when none is known yet: the answer is what is checked).
+
+    With ``verdict``, a stop signal during the check (a lookupd that does not answer) ends it
+    and is recorded there, so that the command still reports: False then.
+    """
+    if verdict is None:
+        await _check(options, topic)
+        return True
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(verdict.watch_signals, tg.cancel_scope.cancel)
+        await _check(options, topic)
+        tg.cancel_scope.cancel()
+    return not verdict.interrupted
+
+
+async def _check(options: Common, topic: str | None) -> None:
     topic = topic or "smartnsq_reachability_check"
     validate_topic(topic)
     problems: list[str] = []

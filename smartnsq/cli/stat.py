@@ -106,6 +106,13 @@ async def _stat(
 def _checked(nodes: list[Node], first: Any, last: Any, view: _View) -> Snapshot:
     snapshot = summarize(nodes, first, last, view.channel)
     if view.topic is not None and not snapshot.topics:
+        silent = {**first.errors, **last.errors}
+        if silent:
+            # The topic may be on the nsqd that did not answer: say which, not "none has it".
+            raise CliError(
+                f"no nsqd that answered has topic {view.topic!r}; no answer from "
+                + "; ".join(f"{http}: {error}" for http, error in silent.items())
+            )
         raise CliError(f"no nsqd has topic {view.topic!r}")
     if view.channel is not None and not any(t["channels"] for t in snapshot.topics):
         raise CliError(f"no topic shown has channel {view.channel!r}")

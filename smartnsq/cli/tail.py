@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import os
 import secrets
+import select
+import stat
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -158,6 +160,9 @@ class _Printer:
 
         return handle
 
+    def reader_went_away(self) -> None:
+        self._cannot_print(BrokenPipeError())
+
     def _cannot_print(self, exc: OSError) -> None:
         if not self.reader_gone:
             self.reader_gone = True
@@ -197,7 +202,23 @@ async def _tail(
     await check_reachable(options, topics[0])
     configure_logging(options)  # after the check, whose failure is reported as one line
     printer.runner = TopicRunner("tail", options, serving(make), verdict=printer.verdict)
-    await printer.runner.run(topics)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_watch_reader, printer)
+        await printer.runner.run(topics)
+        tg.cancel_scope.cancel()
+
+
+async def _watch_reader(printer: _Printer) -> None:
+    """stdout is a pipe: notice its reader going away ('| head') while no message comes,
+    rather than at the next write."""
+    fd = sys.stdout.fileno()
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        return
+    poller = select.poll()
+    poller.register(fd, 0)  # POLLERR (no reader left) is reported whatever is asked
+    while not poller.poll(0):
+        await anyio.sleep(0.2)
+    printer.reader_went_away()
 
 
 def message_meta(message: Message) -> dict[str, Any]:

@@ -233,7 +233,9 @@ class _Archive:
         self.consumer: Callable[[str, Callable[[Message], Awaitable[None]]], Consumer]
 
     async def run(self, topics: list[str], regex: re.Pattern[str] | None, refresh: float) -> None:
-        await check_reachable(self.options, topics[0] if topics else None)
+        if not await check_reachable(self.options, topics[0] if topics else None, self.verdict):
+            self._report()  # a signal during the check
+            return
         configure_logging(self.options)  # after the check, whose failure is one line
         self.runner = TopicRunner(
             "to-file",

@@ -235,7 +235,8 @@ class _Copier:
         self.order = KeyOrder()  # copies of one key (or partition) one after another
 
     async def run(self, make: Callable[[str], Consumer], sources: list[str]) -> None:
-        await check_reachable(self.options, sources[0])
+        if not await check_reachable(self.options, sources[0], self.verdict):
+            return  # a signal during the check
         configure_logging(self.options)
         self.last_seen = anyio.current_time()
         self.runner = TopicRunner("to-nsq", self.options, serving(make), verdict=self.verdict)
@@ -308,7 +309,11 @@ class _Copier:
             if not await turn.wait_for_previous():
                 # The copy before it in its key's line failed: not copied ahead of it.
                 turn.failed = True
-                message.requeue()
+                if self._stopping() or (self.limit is not None and self.taken >= self.limit):
+                    # Not a failure behind it but a stop: back at once, no retry delay.
+                    message.requeue(0, backoff=False)
+                else:
+                    message.requeue()
                 return
             turn.failed = not await self._copy(message, topic)
         finally:

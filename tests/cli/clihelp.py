@@ -116,6 +116,15 @@ def addresses(cluster: Any, lookupd: bool = True, nsqd: bool = False) -> list[st
     return args
 
 
+def connected_to(address: str) -> bool:
+    """Some process holds an open TCP connection to ``address`` (HOST:PORT; Linux's
+    /proc/net/tcp): a server stopped with SIGSTOP still accepts connections."""
+    port = f"{int(address.rpartition(':')[2]):04X}"
+    with open("/proc/net/tcp") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    return any(row[2].endswith(":" + port) and row[3] == "01" for row in rows)
+
+
 def lines_of(*items: str | bytes) -> bytes:
     return b"".join((i.encode() if isinstance(i, str) else i) + b"\n" for i in items)
 
@@ -133,6 +142,7 @@ __all__ = [
     "LineReader",
     "addresses",
     "cli_env",
+    "connected_to",
     "lines_of",
     "one_line_error",
     "run_cli",

@@ -5,6 +5,7 @@ tests and test_errors)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli.clihelp import LineReader, lines_of, run_cli, spawn_cli, wait_exit
+from tests.cli.clihelp import LineReader, connected_to, lines_of, run_cli, spawn_cli, wait_exit
 from tests.helpers import channel_stats, create_channel, settled, topic_stats, unique, wait_for
 
 pytestmark = pytest.mark.integration
@@ -103,3 +104,24 @@ def test_a_signal_gives_130_or_143_and_the_summary_says_interrupted(
             "interrupted",
             expected,
         )
+
+
+@pytest.mark.parametrize("command", ["to-nsq", "to-file"])
+def test_a_signal_during_start_up_still_gives_the_json_summary(cluster_factory, tmp_path, command):
+    # lookupd does not answer (SIGSTOP): Ctrl-C while the command still looks the topic up.
+    cluster = cluster_factory(nsqd=1)
+    lookupd = cluster.lookupd[0]
+    topic = unique("cli_startsig")
+    extra = ["--to", topic + "_copy"] if command == "to-nsq" else ["--dir", str(tmp_path)]
+    os.kill(lookupd.pid, signal.SIGSTOP)
+    try:
+        proc = spawn_cli(command, topic, "--lookupd", lookupd.http, "--json", *extra)
+        wait_for(lambda: connected_to(lookupd.http), what="the lookup under way")
+        proc.send_signal(signal.SIGINT)
+        status = wait_exit(proc, timeout=10)
+    finally:
+        os.kill(lookupd.pid, signal.SIGCONT)
+    out, err = proc.communicate()
+    assert status == 130, err
+    summary = json.loads(out.splitlines()[-1])
+    assert (summary["status"], summary["exit_status"]) == ("interrupted", 130), summary

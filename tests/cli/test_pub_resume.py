@@ -127,3 +127,21 @@ def test_resume_from_a_later_file_skips_the_files_before_it(classic_cluster, tmp
     assert tail.stdout.splitlines() == [b"b2", b"b3"]
     bad = run_cli("pub", "--nsqd", nsqd.tcp, "--resume-from", "c.txt:3", topic, str(a))
     assert bad.returncode == 2 and b"'c.txt:3'" in bad.stderr, bad.stderr
+
+
+def test_a_line_too_large_fails_alone_and_the_lines_of_its_batch_are_published(
+    classic_cluster,
+):
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("cli_toolarge")
+    big = b"x" * (2 * 1024 * 1024)  # over nsqd's (and the Producer's) 1 MiB
+    result = run_cli(
+        "pub", "--nsqd", nsqd.tcp, topic, "--json", input=lines_of("a", "b", big, "c", "d")
+    )
+    assert result.returncode == 1, result.stderr
+    *failures, summary = [json.loads(x) for x in result.stdout.splitlines()]
+    assert [f["lines"] for f in failures] == ["3"], failures
+    assert "max_message_size" in failures[0]["error"]
+    assert summary["published"] == 4 and summary["failed"] == 1, summary
+    assert summary["resume_from"] == "2" and summary["published_after_position"] == 2, summary
+    assert _count(nsqd.http, topic) == 4

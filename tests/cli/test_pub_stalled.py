@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.cli.clihelp import spawn_cli, wait_exit
+from tests.cli.clihelp import connected_to, spawn_cli, wait_exit
 from tests.helpers import topic_stats, unique, wait_for
 
 pytestmark = pytest.mark.integration
@@ -64,3 +64,23 @@ def test_ctrl_c_with_nsqd_stopped_is_bounded_and_reports_the_unknown(cluster_fac
     # What nsqd holds once it runs again: all acknowledged, and maybe some of the unknown.
     wait_for(lambda: _count(nsqd.http, topic) >= acked, what="nsqd answering again")
     assert acked <= _count(nsqd.http, topic) <= acked + unknown
+
+
+def test_ctrl_c_while_lookupd_does_not_answer_says_one_line(cluster_factory, tmp_path):
+    # The input reader must not hand a line to a publisher that is gone: no "coroutine was
+    # never awaited" warning next to the report.
+    cluster = cluster_factory(nsqd=1)
+    lookupd = cluster.lookupd[0]
+    data = tmp_path / "lines.txt"
+    data.write_bytes(b"".join(b"%d\n" % i for i in range(100000)))
+    os.kill(lookupd.pid, signal.SIGSTOP)
+    try:
+        pub = spawn_cli("pub", "--lookupd", lookupd.http, unique("cli_stalledlk"), str(data))
+        wait_for(lambda: connected_to(lookupd.http), what="the lookup under way")
+        pub.send_signal(signal.SIGINT)
+        status = wait_exit(pub, timeout=15)
+    finally:
+        os.kill(lookupd.pid, signal.SIGCONT)
+    err = pub.stderr.read().decode()  # type: ignore[union-attr]
+    assert status == 1, err
+    assert len(err.splitlines()) == 1 and "interrupted" in err, err

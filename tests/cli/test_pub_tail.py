@@ -140,3 +140,19 @@ def test_tail_into_a_reader_that_goes_away_ends_with_0_and_keeps_the_rest(classi
     assert status == 0 and err == "", err
     left = wait_for(lambda: _left_in(nsqd.http, topic, "keep"), what="nothing in flight")
     assert 0 < left < len(bodies)  # what was not printed stays (some went into the pipe)
+
+
+def test_tail_of_a_quiet_topic_ends_once_the_reader_goes_away(classic_cluster):
+    # '| head -n 2' on a topic where nothing more comes: tail does not wait for a next
+    # message to learn that the reader is gone.
+    nsqd = classic_cluster.nsqd[0]
+    topic = unique("cli_tail_quiet")
+    create_channel(nsqd.http, topic, "keep")
+    assert run_cli("pub", "--nsqd", nsqd.tcp, topic, input=lines_of("a", "b")).returncode == 0
+    read, write = os.pipe()
+    tail = spawn_cli("tail", "--nsqd", nsqd.tcp, "--channel", "keep", topic, stdout=write)
+    os.close(write)
+    with os.fdopen(read, "rb") as reader:
+        assert [reader.readline(), reader.readline()] == [b"a\n", b"b\n"]
+    assert wait_exit(tail, timeout=10) == 0
+    assert tail.stderr.read() == b""  # type: ignore[union-attr]

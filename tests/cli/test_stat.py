@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 
 import pytest
 
-from tests.cli.clihelp import LineReader, addresses, lines_of, run_cli, spawn_cli, wait_exit
-from tests.helpers import create_channel, unique
+from tests.cli.clihelp import (
+    LineReader,
+    addresses,
+    lines_of,
+    one_line_error,
+    run_cli,
+    spawn_cli,
+    wait_exit,
+)
+from tests.helpers import create_channel, listed_producers, unique, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -146,3 +155,20 @@ def test_stat_channel_count_and_memory_disk_depth(cluster_factory):
     assert "other" not in table.stdout.decode()
     missing = run_cli("stat", "--nsqd-http", nsqd.http, "--interval", "0.1", "--channel", "nope")
     assert b"no topic shown has channel 'nope'" in missing.stderr
+
+
+def test_stat_of_a_topic_whose_nsqd_does_not_answer_says_so(cluster_factory):
+    # Two nsqd, the topic on the one that is stopped: not "no nsqd has topic", but which nsqd
+    # did not answer.
+    cluster = cluster_factory(nsqd=2)
+    nsqd = cluster.nsqd[0]
+    topic = unique("cli_statstopped")
+    assert run_cli("pub", "--nsqd", nsqd.tcp, topic, input=lines_of("a")).returncode == 0
+    wait_for(lambda: listed_producers(cluster.lookupd[0].http, topic), what="lookupd lists it")
+    os.kill(nsqd.pid, signal.SIGSTOP)
+    try:
+        result = run_cli("stat", *addresses(cluster), "--interval", "0.1", topic)
+    finally:
+        os.kill(nsqd.pid, signal.SIGCONT)
+    err = one_line_error(result, topic, nsqd.http)
+    assert "no nsqd has topic" not in err, err

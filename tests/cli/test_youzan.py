@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 from collections import Counter
 
 import anyio
@@ -12,8 +13,8 @@ import pytest
 from compat.youzan import create_topic
 from smartnsq import Producer
 from smartnsq.ordered import go_partition
-from tests.cli.clihelp import addresses, lines_of, run_cli
-from tests.helpers import unique, wait_for
+from tests.cli.clihelp import addresses, lines_of, run_cli, spawn_cli, wait_exit
+from tests.helpers import topic_stats, unique, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -271,3 +272,38 @@ def test_to_nsq_to_a_topic_missing_on_the_fork_ends_at_once(youzan_cluster):
     assert dst in err and "does not exist" in err, err
     summary = json.loads(copy.stdout)
     assert summary["published"] == 0 and summary["status"] == "failed"
+
+
+def _messages(cluster, topic: str) -> int:
+    return sum(
+        int((topic_stats(d.http, topic) or {}).get("message_count", 0)) for d in cluster.nsqd
+    )
+
+
+def test_to_nsq_by_partition_gives_the_waiting_copies_back_at_once_on_ctrl_c(youzan_cluster):
+    # The messages waiting behind their partition's copy in flight when Ctrl-C came are
+    # given back untouched (no 90 s requeue delay): a run right after copies them all.
+    src, dst = unique("cli_yzstopsrc"), unique("cli_yzstopdst")
+    create_topic(youzan_cluster, src, partitions=1, replicas=1, channel="copy")
+    create_topic(youzan_cluster, dst, partitions=1, replicas=1, channel="ch")
+    lookupd = [d.http for d in youzan_cluster.lookupd]
+    total = 100
+
+    async def publish() -> None:
+        async with Producer(lookupd_http_addresses=lookupd) as producer:
+            await producer.publish_many(src, [f"m{i}".encode() for i in range(total)])
+
+    anyio.run(publish)
+    copy = ["to-nsq", src, *addresses(youzan_cluster), "--channel", "copy", "--to", dst]
+    proc = spawn_cli(*copy, "--same-partition", "--rate", "20", "--json")
+    wait_for(lambda: _messages(youzan_cluster, dst) >= 5, what="the first copies")
+    proc.send_signal(signal.SIGINT)
+    assert wait_exit(proc) == 130, proc.stderr.read() if proc.stderr else b""
+    copied = json.loads(proc.communicate()[0])["published"]
+    rest = run_cli(
+        *copy, "--same-partition", "--limit", str(total - copied), "--idle-timeout", "5s",
+        "--json", timeout=60,
+    )  # fmt: skip
+    assert rest.returncode == 0, rest.stderr
+    assert json.loads(rest.stdout)["published"] == total - copied
+    assert _messages(youzan_cluster, dst) >= total
