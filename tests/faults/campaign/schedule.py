@@ -1,0 +1,149 @@
+"""Seed -> schedule: the cluster, the flows (a front door publishing, one consuming) and the
+faults with their offsets. Pure: no clock, no I/O, no global random state; the same seed,
+kind and duration give the same schedule, named by :meth:`Schedule.digest`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import asdict, dataclass, field
+
+KINDS = ("classic", "youzan")
+
+# Front doors that publish numbered bodies to a flow's topic.
+SOURCES = ("async-producer", "blocking-producer", "pub")
+# Front doors that take the flow's topic out of NSQ: handled, copied, in a file, printed.
+SINKS = (
+    "async-consumer",  # smartnsq.Consumer, async handler
+    "blocking-consumer",  # smartnsq.sync.Consumer, plain def handler
+    "dead-letters",  # async consumer, max_attempts=2, some bodies always fail
+    "to-file",  # smartnsq to-file
+    "to-nsq",  # smartnsq to-nsq, copied to TOPIC.copy, read back by a checker
+    "tail",  # smartnsq tail --channel
+    "runner",  # smartnsq.run(consumer) in its own process
+)
+# Sinks that are processes of their own (a client signal can be sent to them); pub too.
+PROCESS_DOORS = ("pub", "to-file", "to-nsq", "tail", "runner")
+
+NODE_FAULTS = ("nsqd-stop", "nsqd-kill", "nsqd-term")
+TOXICS = ("silence", "reset", "refused", "latency", "slicer", "bandwidth")
+FAULT_KINDS = (*NODE_FAULTS, *TOXICS, "lookupd-down", "topic-recreate", "client-signal")
+
+
+@dataclass(frozen=True)
+class Flow:
+    """One topic: ``source`` publishes to it, ``sink`` takes it out."""
+
+    index: int
+    source: str
+    sink: str
+    rate: int  # publishes per second, all publishers of the source together
+    failing: float = 0.0  # share of bodies whose first attempt fails (consumer sinks)
+    slow_ms: int = 0  # how long a slow handler takes (every 7th body)
+
+    @property
+    def topic(self) -> str:
+        return f"flow{self.index}"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """``kind`` on ``target`` (``nsqd1``, ``lookupd0``, ``flow2``, ``flow0.source``) from
+    ``at`` seconds into the run for ``hold`` seconds; ``how`` refines it (a signal name)."""
+
+    kind: str
+    target: str
+    at: float
+    hold: float
+    how: str = ""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    kind: str
+    seconds: float
+    nsqd: int
+    lookupd: int
+    flows: tuple[Flow, ...]
+    faults: tuple[Fault, ...] = field(default=())
+
+    def digest(self) -> str:
+        """Hex digest of everything the run does: equal digests, equal runs."""
+        text = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def fault_kinds(self) -> list[str]:
+        return [f.kind for f in self.faults]
+
+    def doors(self) -> list[str]:
+        return sorted({d for f in self.flows for d in (f.source, f.sink)})
+
+
+def generate(seed: int, kind: str = "classic", minutes: float = 1.0) -> Schedule:
+    """The schedule of ``seed``: 2-4 flows, 1-4 faults at offsets within the first 70 % of
+    the run (each healed before 85 %), so that the rest of the run shows the recovery."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    if not minutes > 0:
+        raise ValueError(f"minutes must be > 0, not {minutes!r}")
+    # A private generator seeded with the seed and the kind: nothing else influences it.
+    rng = random.Random(f"smartnsq-campaign:{kind}:{seed}")
+    seconds = round(minutes * 60, 3)
+    nsqd = 2 if kind == "classic" else rng.choice((2, 3))
+    lookupd = rng.choice((1, 2))
+    flows = tuple(
+        Flow(
+            index=i,
+            source=rng.choice(SOURCES),
+            sink=rng.choice(SINKS),
+            rate=rng.choice((20, 50, 100)),
+            failing=rng.choice((0.0, 0.0, 0.05, 0.2)),
+            slow_ms=rng.choice((0, 0, 20, 200)),
+        )
+        for i in range(rng.randint(2, 4))
+    )
+    faults = []
+    for _ in range(rng.randint(1, 4)):
+        fault_kind = rng.choice(FAULT_KINDS)
+        hold = round(rng.uniform(1.0, min(6.0, 0.15 * seconds + 1.0)), 2)
+        at = round(rng.uniform(0.1 * seconds, max(0.1 * seconds, 0.7 * seconds - hold)), 2)
+        how = ""
+        if fault_kind in (*NODE_FAULTS, *TOXICS):
+            target = f"nsqd{rng.randrange(nsqd)}"
+        elif fault_kind == "lookupd-down":
+            target = f"lookupd{rng.randrange(lookupd)}"
+        elif fault_kind == "topic-recreate":
+            target = f"nsqd{rng.randrange(nsqd)}/{rng.choice(flows).topic}"
+        else:  # client-signal: a process door of some flow, or nothing if there is none
+            doors = [
+                f"flow{f.index}.{side}"
+                for f in flows
+                for side, door in (("source", f.source), ("sink", f.sink))
+                if door in PROCESS_DOORS
+            ]
+            if not doors:
+                continue
+            target = rng.choice(doors)
+            how = rng.choice(("SIGINT", "SIGTERM"))
+        faults.append(Fault(fault_kind, target, at, hold, how))
+    faults = _apart(faults)
+    faults.sort(key=lambda f: (f.at, f.kind, f.target))
+    return Schedule(seed, kind, seconds, nsqd, lookupd, flows, tuple(faults))
+
+
+def _node(fault: Fault) -> str:
+    return fault.target.split("/")[0].split(".")[0]
+
+
+def _apart(faults: list[Fault]) -> list[Fault]:
+    """Faults on one node (an nsqd, a lookupd, a flow's process) one after another: a
+    fault starting while another holds the same node moves to 0.5 s after it heals."""
+    free: dict[str, float] = {}
+    out = []
+    for f in sorted(faults, key=lambda f: (f.at, f.kind, f.target)):
+        at = max(f.at, free.get(_node(f), 0.0))
+        free[_node(f)] = round(at + f.hold + 0.5, 2)
+        out.append(Fault(f.kind, f.target, round(at, 2), f.hold, f.how))
+    return out
