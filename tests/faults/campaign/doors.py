@@ -274,6 +274,14 @@ def smartnsq_cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "smartnsq", *args]
 
 
+# The command-line sinks get the in-process consumers' settings (harness.Settings): a lost
+# connection noticed within seconds, its messages back after 3 s (the defaults: 60 s).
+CLI_CONSUMER = [
+    "--consumer-opt", "heartbeat_interval=1s", "--consumer-opt", "msg_timeout=3s",
+    "--consumer-opt", "reconnect_max=1s", "--consumer-opt", "lookupd_poll_interval=1s",
+]  # fmt: skip
+
+
 class PubSource(Door):
     """``smartnsq pub --json --rate R`` of a file of numbered lines; after a signal, started
     again with the ``--resume-from`` it reported (or from the start when it had none)."""
@@ -582,7 +590,7 @@ class ToFileSink(ProcSink):
         self.work = logs / f"flow{flow.index}.work"
         argv = smartnsq_cli(
             "to-file", flow.topic, "--channel", CHANNEL, "--lookupd", ",".join(lookupd),
-            "--output-dir", str(self.out), "--work-dir", str(self.work), "--json",
+            "--output-dir", str(self.out), "--work-dir", str(self.work), "--json", *CLI_CONSUMER,
         )  # fmt: skip
         self.proc = Proc(argv, logs, f"flow{flow.index}.to-file")
 
@@ -617,8 +625,9 @@ class TailSink(ProcSink):
     def __init__(self, flow: Flow, book: Book, lookupd: list[str], logs: Path) -> None:
         self.flow, self.book = flow, book
         argv = smartnsq_cli(
-            "tail", flow.topic, "--channel", CHANNEL, "--lookupd", ",".join(lookupd), "--json"
-        )
+            "tail", flow.topic, "--channel", CHANNEL, "--lookupd", ",".join(lookupd), "--json",
+            *CLI_CONSUMER,
+        )  # fmt: skip
         self.proc = Proc(argv, logs, f"flow{flow.index}.tail")
 
     def collect(self) -> None:
@@ -662,7 +671,8 @@ class ToNsqSink(ProcSink):
         self.flow, self.book = flow, book
         argv = smartnsq_cli(
             "to-nsq", flow.topic, "--channel", CHANNEL, "--to", self.copy_topic,
-            "--lookupd", ",".join(lookupd), "--json",
+            "--lookupd", ",".join(lookupd), "--json", *CLI_CONSUMER,
+            "--producer-opt", "timeout=2s", "--producer-opt", "heartbeat_interval=1s",
         )  # fmt: skip
         self.proc = Proc(argv, logs, f"flow{flow.index}.to-nsq")
         copy = Flow(flow.index, flow.source, flow.sink, flow.rate)  # no failing, no slow

@@ -17,10 +17,10 @@ from compat.cluster import http_json
 from compat.toxiproxy import ProxiedClassic, Toxiproxy, start_proxied_classic
 from tests.faults.campaign import doors as d
 from tests.faults.campaign.faults import Injector, Timeline, _post
-from tests.faults.campaign.schedule import Flow, Schedule
+from tests.faults.campaign.schedule import HEALED_BY, Flow, Schedule
 from tests.faults.harness import Settings
 
-PUBLISH_SHARE = 0.85  # publishing stops at this share of the run; faults have healed by then
+PUBLISH_SHARE = HEALED_BY  # publishing stops when every fault has healed
 SETTLE = 45.0  # seconds after publishing stopped within which every flow must have drained
 
 

@@ -28,6 +28,7 @@ PROCESS_DOORS = ("pub", "to-file", "to-nsq", "tail", "runner")
 
 NODE_FAULTS = ("nsqd-stop", "nsqd-kill", "nsqd-term")
 TOXICS = ("silence", "reset", "refused", "latency", "slicer", "bandwidth")
+HEALED_BY = 0.85  # every fault has healed by this share of the run (publishing stops then)
 FAULT_KINDS = (*NODE_FAULTS, *TOXICS, "lookupd-down", "topic-recreate", "client-signal")
 
 
@@ -128,7 +129,7 @@ def generate(seed: int, kind: str = "classic", minutes: float = 1.0) -> Schedule
             target = rng.choice(doors)
             how = rng.choice(("SIGINT", "SIGTERM"))
         faults.append(Fault(fault_kind, target, at, hold, how))
-    faults = _apart(faults)
+    faults = _apart(faults, HEALED_BY * seconds)
     faults.sort(key=lambda f: (f.at, f.kind, f.target))
     return Schedule(seed, kind, seconds, nsqd, lookupd, flows, tuple(faults))
 
@@ -137,13 +138,16 @@ def _node(fault: Fault) -> str:
     return fault.target.split("/")[0].split(".")[0]
 
 
-def _apart(faults: list[Fault]) -> list[Fault]:
+def _apart(faults: list[Fault], end: float) -> list[Fault]:
     """Faults on one node (an nsqd, a lookupd, a flow's process) one after another: a
-    fault starting while another holds the same node moves to 0.5 s after it heals."""
+    fault starting while another holds the same node moves to 0.5 s after it heals, or is
+    dropped when it would then last beyond ``end``."""
     free: dict[str, float] = {}
     out = []
     for f in sorted(faults, key=lambda f: (f.at, f.kind, f.target)):
         at = max(f.at, free.get(_node(f), 0.0))
+        if at + f.hold > end:
+            continue
         free[_node(f)] = round(at + f.hold + 0.5, 2)
         out.append(Fault(f.kind, f.target, round(at, 2), f.hold, f.how))
     return out
