@@ -277,7 +277,7 @@ def smartnsq_cli(*args: str) -> list[str]:
 # The command-line sinks get the in-process consumers' settings (harness.Settings): a lost
 # connection noticed within seconds, its messages back after 3 s (the defaults: 60 s).
 CLI_CONSUMER = [
-    "--consumer-opt", "heartbeat_interval=1s", "--consumer-opt", "msg_timeout=3s",
+    "--consumer-opt", "heartbeat_interval=1s", "--consumer-opt", "msg_timeout=3",
     "--consumer-opt", "reconnect_max=1s", "--consumer-opt", "lookupd_poll_interval=1s",
 ]  # fmt: skip
 

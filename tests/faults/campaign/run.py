@@ -181,7 +181,10 @@ def run_seed(schedule: Schedule, root: Path, keep: bool = False) -> Result:
 
 def _run(schedule: Schedule, logs: Path, result: Result) -> None:
     if schedule.kind != "classic":
-        raise NotImplementedError("the campaign runs classic clusters only so far")
+        from tests.faults.campaign.fork import run_fork  # it imports this module
+
+        run_fork(schedule, logs, result)
+        return
     settings = campaign_settings()
     toxi = Toxiproxy.start(logs / "toxiproxy")
     cluster: ProxiedClassic | None = None

@@ -26,10 +26,17 @@ SINKS = (
 # Sinks that are processes of their own (a client signal can be sent to them); pub too.
 PROCESS_DOORS = ("pub", "to-file", "to-nsq", "tail", "runner")
 
+# The fork: keyed publishers (4 tasks or threads) and an ordered consumer (async or def
+# handler, the same style as the publishers) on an ordered topic of 2 partitions x 2 replicas.
+FORK_SOURCES = ("async-producer", "blocking-producer")
+FORK_SINKS = ("ordered-consumer",)
+
 NODE_FAULTS = ("nsqd-stop", "nsqd-kill", "nsqd-term")
 TOXICS = ("silence", "reset", "refused", "latency", "slicer", "bandwidth")
 HEALED_BY = 0.85  # every fault has healed by this share of the run (publishing stops then)
 FAULT_KINDS = (*NODE_FAULTS, *TOXICS, "lookupd-down", "topic-recreate", "client-signal")
+# On the fork: a partition's leader moved to a replica, or killed (a replica takes over).
+FORK_FAULT_KINDS = ("nsqd-stop", *TOXICS, "lookupd-down", "leader-move", "leader-kill")
 
 
 @dataclass(frozen=True)
@@ -92,22 +99,24 @@ def generate(seed: int, kind: str = "classic", minutes: float = 1.0) -> Schedule
     # A private generator seeded with the seed and the kind: nothing else influences it.
     rng = random.Random(f"smartnsq-campaign:{kind}:{seed}")
     seconds = round(minutes * 60, 3)
-    nsqd = 2 if kind == "classic" else rng.choice((2, 3))
+    classic = kind == "classic"
+    nsqd = 2 if classic else 3
     lookupd = rng.choice((1, 2))
+    sources, sinks = (SOURCES, SINKS) if classic else (FORK_SOURCES, FORK_SINKS)
     flows = tuple(
         Flow(
             index=i,
-            source=rng.choice(SOURCES),
-            sink=rng.choice(SINKS),
+            source=rng.choice(sources),
+            sink=rng.choice(sinks),
             rate=rng.choice((20, 50, 100)),
             failing=rng.choice((0.0, 0.0, 0.05, 0.2)),
             slow_ms=rng.choice((0, 0, 20, 200)),
         )
-        for i in range(rng.randint(2, 4))
+        for i in range(rng.randint(2, 4) if classic else rng.randint(1, 2))
     )
     faults = []
     for _ in range(rng.randint(1, 4)):
-        fault_kind = rng.choice(FAULT_KINDS)
+        fault_kind = rng.choice(FAULT_KINDS if classic else FORK_FAULT_KINDS)
         hold = round(rng.uniform(1.0, min(6.0, 0.15 * seconds + 1.0)), 2)
         at = round(rng.uniform(0.1 * seconds, max(0.1 * seconds, 0.7 * seconds - hold)), 2)
         how = ""
@@ -115,6 +124,9 @@ def generate(seed: int, kind: str = "classic", minutes: float = 1.0) -> Schedule
             target = f"nsqd{rng.randrange(nsqd)}"
         elif fault_kind == "lookupd-down":
             target = f"lookupd{rng.randrange(lookupd)}"
+        elif fault_kind in ("leader-move", "leader-kill"):
+            # partition 0 or 1 of a flow's topic; the runner finds its leader at the time
+            target = f"{rng.choice(flows).topic}:{rng.randrange(2)}"
         elif fault_kind == "topic-recreate":
             target = f"nsqd{rng.randrange(nsqd)}/{rng.choice(flows).topic}"
         else:  # client-signal: a process door of some flow, or nothing if there is none
@@ -135,6 +147,8 @@ def generate(seed: int, kind: str = "classic", minutes: float = 1.0) -> Schedule
 
 
 def _node(fault: Fault) -> str:
+    if fault.kind in ("leader-move", "leader-kill"):
+        return "leaders"  # one leadership change at a time
     return fault.target.split("/")[0].split(".")[0]
 
 

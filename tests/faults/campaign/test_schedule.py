@@ -13,6 +13,9 @@ import pytest
 
 from tests.faults.campaign.schedule import (
     FAULT_KINDS,
+    FORK_FAULT_KINDS,
+    FORK_SINKS,
+    FORK_SOURCES,
     HEALED_BY,
     SINKS,
     SOURCES,
@@ -61,22 +64,30 @@ def test_seeds_kinds_and_durations_give_different_schedules():
     assert generate(1, minutes=0.5).digest() != generate(1, minutes=1.0).digest()
 
 
-def test_every_fault_kind_and_front_door_is_drawn():
+@pytest.mark.parametrize(
+    ("kind", "kinds", "doors"),
+    [
+        ("classic", FAULT_KINDS, {*SOURCES, *SINKS}),
+        ("youzan", FORK_FAULT_KINDS, {*FORK_SOURCES, *FORK_SINKS}),
+    ],
+)
+def test_every_fault_kind_and_front_door_is_drawn(kind, kinds, doors):
     faults: Counter[str] = Counter()
-    doors: Counter[str] = Counter()
+    drawn: Counter[str] = Counter()
     for seed in SEEDS:
-        s = generate(seed, "classic", 1.0)
+        s = generate(seed, kind, 1.0)
         faults.update(s.fault_kinds())
-        doors.update(s.doors())
-    assert set(faults) == set(FAULT_KINDS), faults
-    assert set(doors) == set(SOURCES) | set(SINKS), doors
+        drawn.update(s.doors())
+    assert set(faults) == set(kinds), faults
+    assert set(drawn) == doors, drawn
     assert min(faults.values()) >= 10, faults  # each kind in a fair share of the seeds
 
 
+@pytest.mark.parametrize("kind", ["classic", "youzan"])
 @pytest.mark.parametrize("minutes", [0.25, 0.5, 1.0, 5.0])
-def test_faults_heal_before_publishing_stops_and_do_not_overlap_on_a_node(minutes):
+def test_faults_heal_before_publishing_stops_and_do_not_overlap_on_a_node(kind, minutes):
     for seed in SEEDS:
-        s = generate(seed, "classic", minutes)
+        s = generate(seed, kind, minutes)
         _check_faults(s)
 
 
@@ -87,7 +98,7 @@ def _check_faults(s: Schedule) -> None:
         assert f.at + f.hold <= HEALED_BY * s.seconds, f
         assert f.at >= busy.get(_node(f), 0.0), (f, busy)
         busy[_node(f)] = f.at + f.hold
-    assert 2 <= len(s.flows) <= 4
+    assert (2 <= len(s.flows) <= 4) if s.kind == "classic" else (1 <= len(s.flows) <= 2)
     for f in s.faults:
         if f.kind == "client-signal":
             flow, side = f.target.split(".")
