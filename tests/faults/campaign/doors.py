@@ -274,11 +274,16 @@ def smartnsq_cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "smartnsq", *args]
 
 
-# The command-line sinks get the in-process consumers' settings (harness.Settings): a lost
-# connection noticed within seconds, its messages back after 3 s (the defaults: 60 s).
+# The command-line sinks get the in-process consumers' settings (run.consumer_kwargs): a
+# lost connection noticed within seconds, its messages back after 3 s (the defaults: 60 s),
+# a requeued message back within a second (the default: 90 s).
 CLI_CONSUMER = [
-    "--consumer-opt", "heartbeat_interval=1s", "--consumer-opt", "msg_timeout=3",
-    "--consumer-opt", "reconnect_max=1s", "--consumer-opt", "lookupd_poll_interval=1s",
+    f"--consumer-opt={name}={value}"
+    for name, value in (
+        ("heartbeat_interval", "1s"), ("msg_timeout", "3"), ("reconnect_max", "1s"),
+        ("lookupd_poll_interval", "1s"), ("requeue_delay", "0.2"), ("max_requeue_delay", "1"),
+        ("max_backoff_duration", "1"), ("backoff_unit", "0.1"),
+    )
 ]  # fmt: skip
 
 
