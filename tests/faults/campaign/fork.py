@@ -160,6 +160,8 @@ def _inject(cluster: ProxiedYouzan, fault: Fault, timeline: Timeline) -> Callabl
                 continue
             timeline.note(f"moved {fault.target} from nsqd{leader} to nsqd{to}")
             break
+        else:
+            raise RuntimeError(f"no nsqd took over {fault.target} from nsqd{leader}")
         return lambda: None
     if kind == "leader-kill":
         c.kill_nsqd(leader)
