@@ -304,7 +304,8 @@ class PubSource(Door):
             "--rate", str(flow.rate), "--producer-opt", "timeout=2s",
         )  # fmt: skip
         self.proc = Proc(argv, logs, f"flow{flow.index}.pub")
-        self.reports: list[tuple[int | None, str, dict[str, Any], list[dict[str, Any]]]] = []
+        # exit status, what stopped it, its --json summary, lines it says it acknowledged
+        self.reports: list[tuple[int | None, str, dict[str, Any], int]] = []
         self.resume: str | None = None
         self.done = False
         self.started = 0.0
@@ -334,7 +335,6 @@ class PubSource(Door):
         objs = [json.loads(x) for x in out.read_text().splitlines() if x.startswith("{")]
         summary = next((o for o in objs if "published" in o), {})
         failures = [o for o in objs if "error" in o and "lines" in o]
-        self.reports.append((status, how, summary, failures))
         first = int(self.resume) if self.resume else 0
         failed = {n for f in failures for n in _lines(str(f["lines"]))}
         if status == 0 or (
@@ -347,6 +347,7 @@ class PubSource(Door):
             last = int(str(position).rpartition(":")[2]) if position else first
             if summary.get("resume_from"):
                 self.resume = str(summary["resume_from"])
+        self.reports.append((status, how, summary, last - first))
         # Lines are numbered from 1; body n is on line n + 1. pub does not say when each
         # line was acknowledged: the run's start is the earliest it can have been.
         for line in range(first + 1, last + 1):
@@ -357,9 +358,17 @@ class PubSource(Door):
 
     def problems(self) -> list[str]:
         out = self.proc.stderr_problems()
-        if not self.done:
-            out.append("pub did not publish its whole file")
-        for status, how, summary, _ in self.reports:
+        for status, how, summary, claimed in self.reports:
+            if summary and not summary.get("failed"):
+                # every line up to its position, and the later ones it says it published
+                told = claimed + int(summary.get("published_after_position") or 0)
+                if status != 0 and summary.get("published") != told:
+                    out.append(f"pub says published {summary.get('published')}, not {told}")
+                if status == 0 and summary.get("published") != claimed:
+                    out.append(
+                        f"pub exited 0 having published {summary.get('published')} "
+                        f"of {claimed} lines"
+                    )
             if status is None:
                 out.append(f"pub did not exit after {how}")
                 continue
