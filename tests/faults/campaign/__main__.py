@@ -64,8 +64,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.kind == "youzan" and not args.print_schedule and not _fork_present():
         print("campaign: the Youzan fork's servers are absent (./dev setup)", file=sys.stderr)
         return 2
-    # SIGTERM stops the campaign like Ctrl-C: the seed's servers and processes are stopped.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     root = args.dir or Path(tempfile.mkdtemp(prefix="smartnsq-campaign-"))
     violations = 0
     faults: Counter[str] = Counter()
@@ -93,4 +91,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # SIGTERM stops the campaign like Ctrl-C: the seed's servers and processes are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     raise SystemExit(main())
