@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -88,6 +89,9 @@ def run_fork(schedule: Schedule, logs: Path, result: Result) -> None:
                     f"(key, seq, highest before: {order[:3]})"
                 )
             if foreign := book.foreign_errors():
+                with open(logs / "foreign-errors.txt", "a") as out:  # where they came from
+                    for e in foreign[:5]:
+                        out.write("".join(traceback.format_exception(e)) + "\n")
                 result.violations.append(
                     f"errors: {where}: {len(foreign)} not smartnsq.errors types: {foreign[:3]!r}"
                 )
