@@ -277,6 +277,8 @@ def node_id(cluster: Cluster, i: int) -> str:
     rpc = next(a.split("=", 1)[1] for a in d.argv if a.startswith("--rpc-port="))
     worker = next(a.split("=", 1)[1] for a in d.argv if a.startswith("--worker-id="))
     host, tcp = d.tcp.rsplit(":", 1)
+    if "--broadcast-interface=lo" in d.argv:  # it registers 127.0.0.1 wherever it listens
+        host = "127.0.0.1"
     return f"{host}:{rpc}:{tcp}:{worker}"
 
 

@@ -1,0 +1,317 @@
+"""One seed on real servers: start the cluster behind Toxiproxy, start the flows, inject the
+faults, stop publishing, let it settle, stop, and check the invariants."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from compat.cluster import http_json
+from compat.toxiproxy import ProxiedClassic, Toxiproxy, start_proxied_classic
+from tests.faults.campaign import doors as d
+from tests.faults.campaign.faults import Injector, Timeline, _post
+from tests.faults.campaign.schedule import HEALED_BY, Flow, Schedule
+from tests.faults.harness import Settings
+
+PUBLISH_SHARE = HEALED_BY  # publishing stops when every fault has healed
+SETTLE = 45.0  # seconds after publishing stopped within which every flow must have drained
+
+
+def campaign_settings() -> Settings:
+    return Settings()
+
+
+def consumer_kwargs(settings: Settings) -> dict[str, Any]:
+    # A failed handler's message comes back within a second; backoff stays short, so that a
+    # short run drains (the defaults, 90 s and 128 s, are for production).
+    return {
+        **settings.consumer_kwargs(),
+        "requeue_delay": 0.2,
+        "max_requeue_delay": 1.0,
+        "max_backoff_duration": 1.0,
+        "backoff_unit": 0.1,
+    }
+
+
+@dataclass
+class FlowResult:
+    flow: Flow
+    acked: int = 0
+    handled: int = 0
+    duplicates: int = 0
+    failed_publishes: int = 0
+    excused: int = 0  # acknowledged, lost with a node that lost its messages (nsqd's, not ours)
+
+
+@dataclass
+class Result:
+    schedule: Schedule
+    flows: list[FlowResult] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    logs: Path | None = None
+    seconds: float = 0.0
+
+    @property
+    def messages(self) -> int:
+        return sum(f.acked for f in self.flows)
+
+    @property
+    def duplicates(self) -> int:
+        return sum(f.duplicates for f in self.flows)
+
+
+def _channel_counts(cluster: ProxiedClassic, topic: str, channel: str) -> dict[str, int]:
+    """depth, in flight and deferred of ``topic/channel``, summed over the nsqd."""
+    out = {"depth": 0, "in_flight": 0, "deferred": 0}
+    for node in cluster.cluster.nsqd:
+        try:
+            stats = http_json(f"http://{node.http}/stats?format=json&topic={topic}", timeout=3.0)
+        except (OSError, ValueError):
+            continue
+        stats = (stats or {}).get("data", stats) or {}
+        for t in stats.get("topics") or []:
+            if t.get("topic_name") != topic:
+                continue
+            for c in t.get("channels") or []:
+                if c.get("channel_name") == channel:
+                    out["depth"] += int(c.get("depth", 0))
+                    out["in_flight"] += int(c.get("in_flight_count", 0))
+                    out["deferred"] += int(c.get("deferred_count", 0))
+    return out
+
+
+def _sink_channels(flow: Flow) -> list[tuple[str, str]]:
+    """The channels a flow's messages wait in until its sink is done with them."""
+    out = [(flow.topic, d.CHANNEL)]
+    if flow.sink == "to-nsq":
+        out.append((f"{flow.topic}.copy", d.CHECK))
+    if flow.sink == "dead-letters":
+        out.append((f"{flow.topic}.dead", d.CHECK))
+    return out
+
+
+def _extra_topics(flow: Flow) -> list[str]:
+    return [t for t, _ in _sink_channels(flow)]
+
+
+def make_doors(
+    schedule: Schedule,
+    cluster: ProxiedClassic,
+    books: dict[int, d.Book],
+    logs: Path,
+    settings: Settings,
+) -> dict[str, d.Door]:
+    nsqd = [p.address for p in cluster.nsqd_tcp]
+    lookupd = [p.address for p in cluster.lookupd_http]
+    publish_seconds = schedule.seconds * PUBLISH_SHARE
+    ckw = consumer_kwargs(settings)
+    out: dict[str, d.Door] = {}
+    for flow in schedule.flows:
+        book = books[flow.index]
+        source: d.Door
+        if flow.source == "async-producer":
+            source = d.AsyncSource(flow, book, nsqd, settings)
+        elif flow.source == "blocking-producer":
+            source = d.BlockingSource(flow, book, nsqd, settings)
+        else:
+            source = d.PubSource(flow, book, nsqd, logs, publish_seconds)
+        sink: d.Door
+        if flow.sink in ("async-consumer", "blocking-consumer"):
+            sink = d.ConsumerSink(flow, book, lookupd, ckw, flow.sink == "blocking-consumer")
+        elif flow.sink == "dead-letters":
+            sink = d.DeadLetterSink(flow, book, lookupd, ckw)
+        elif flow.sink == "to-file":
+            sink = d.ToFileSink(flow, book, lookupd, logs)
+        elif flow.sink == "tail":
+            sink = d.TailSink(flow, book, lookupd, logs)
+        elif flow.sink == "runner":
+            sink = d.RunnerSink(flow, book, lookupd, logs)
+        else:
+            sink = d.ToNsqSink(flow, book, lookupd, logs, ckw)
+        out[f"flow{flow.index}.source"] = source
+        out[f"flow{flow.index}.sink"] = sink
+    return out
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def run_seed(schedule: Schedule, root: Path, keep: bool = False) -> Result:
+    """Run ``schedule``; its logs go to ``root/seed-N`` (removed when it passed, unless
+    ``keep``)."""
+    started = time.monotonic()
+    logs = root / f"seed-{schedule.seed}"
+    if logs.exists():
+        shutil.rmtree(logs)
+    logs.mkdir(parents=True)
+    (logs / "schedule.txt").write_text(f"{schedule}\ndigest {schedule.digest()}\n")
+    handler = logging.FileHandler(logs / "clients.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(name)s %(message)s"))
+    log = logging.getLogger("smartnsq")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    result = Result(schedule, logs=logs)
+    try:
+        _run(schedule, logs, result)
+    except Exception as exc:  # the campaign's own failure is a violation too: it is reported
+        result.violations.append(f"campaign error: {exc!r}")
+        (logs / "campaign-error.txt").write_text(traceback.format_exc())
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+    result.seconds = time.monotonic() - started
+    if not result.violations and not keep:
+        shutil.rmtree(logs, ignore_errors=True)
+        result.logs = None
+    return result
+
+
+def _run(schedule: Schedule, logs: Path, result: Result) -> None:
+    if schedule.kind != "classic":
+        from tests.faults.campaign.fork import run_fork  # it imports this module
+
+        run_fork(schedule, logs, result)
+        return
+    settings = campaign_settings()
+    toxi = Toxiproxy.start(logs / "toxiproxy")
+    cluster: ProxiedClassic | None = None
+    doors: dict[str, d.Door] = {}
+    timeline = Timeline()
+    try:
+        cluster = start_proxied_classic(
+            toxi, logs / "cluster", nsqd=schedule.nsqd, lookupd=schedule.lookupd
+        )
+        topics = {f.index: _extra_topics(f) for f in schedule.flows}
+        for node in cluster.cluster.nsqd:  # every topic in the lookupds before anyone asks
+            for flow in schedule.flows:
+                for topic, channel in _sink_channels(flow):
+                    _post(node, "/topic/create", topic=topic)
+                    _post(node, "/channel/create", topic=topic, channel=channel)
+        books = {f.index: d.Book() for f in schedule.flows}
+        doors = make_doors(schedule, cluster, books, logs, settings)
+        for name, door in doors.items():
+            if name.endswith(".sink"):
+                door.start()
+        timeline = Timeline()  # the faults' offsets count from here
+        for name, door in doors.items():
+            if name.endswith(".source"):
+                door.start()
+        injector = Injector(cluster, doors, topics, timeline)
+        injector.start(schedule.faults)
+        time.sleep(schedule.seconds * PUBLISH_SHARE)  # the publishing window
+        timeline.note("publishing stops")
+        for name, door in doors.items():
+            if name.endswith(".source"):
+                door.stop()
+        injector.join(60)
+        toxi.heal()
+        timeline.note("sources stopped, every fault healed")
+        _settle(schedule, cluster, doors, books, timeline, result)
+    finally:
+        for door in doors.values():  # what an error left running
+            proc = getattr(door, "proc", None)
+            if isinstance(proc, d.Proc) and proc.running():
+                proc.signal(signal.SIGKILL)
+                proc.wait(10)
+        if cluster is not None:
+            cluster.stop()
+        toxi.stop()
+        if doors:
+            (logs / "timeline.txt").write_text(timeline.text() + "\n")
+
+
+def _settle(
+    schedule: Schedule,
+    cluster: ProxiedClassic,
+    doors: dict[str, d.Door],
+    books: dict[int, d.Book],
+    timeline: Timeline,
+    result: Result,
+) -> None:
+    sinks = {f.index: doors[f"flow{f.index}.sink"] for f in schedule.flows}
+    for e in timeline.errors:
+        result.violations.append(f"fault injection: {e}")
+
+    def excusable(flow: Flow, body: bytes) -> bool:
+        """Acknowledged before an nsqd lost what it held (SIGKILL, the topic deleted): that
+        loss is nsqd's (memory queue, in flight), which no client can prevent."""
+        acked = books[flow.index].acked[body]
+        return any(acked <= t for t in timeline.losses.get(flow.index, []))
+
+    def drained(flow: Flow) -> bool:
+        sinks[flow.index].collect()
+        waiting = any(sum(_channel_counts(cluster, t, c).values()) for t, c in _sink_channels(flow))
+        missing = [b for b in books[flow.index].missing() if not excusable(flow, b)]
+        return not waiting and not missing
+
+    all_drained = wait_until(lambda: all(drained(f) for f in schedule.flows), SETTLE)
+    timeline.note(f"settled: {all_drained}")
+    stuck = {
+        f.index: {f"{t}/{c}": _channel_counts(cluster, t, c) for t, c in _sink_channels(f)}
+        for f in schedule.flows
+    }
+    # graceful stop of every sink; then nothing of theirs may be in flight on nsqd
+    for f in schedule.flows:
+        sinks[f.index].stop()
+        sinks[f.index].collect()
+    timeline.note("sinks stopped")
+    for f in schedule.flows:
+        where = f"flow{f.index} ({f.source} -> {f.sink})"
+        for t, c in _sink_channels(f):
+            left = _channel_counts(cluster, t, c)["in_flight"]
+            if left:
+                result.violations.append(
+                    f"in-flight-after-stop: {where}: {left} in flight on {t}/{c} after a "
+                    "graceful stop"
+                )
+        book = books[f.index]
+        missing = book.missing()
+        excused = {b for b in missing if excusable(f, b)}
+        lost = sorted(missing - excused)
+        fr = FlowResult(
+            f,
+            acked=len(book.acked),
+            handled=sum(book.handled.values()),
+            duplicates=book.duplicates(),
+            failed_publishes=book.failed_publishes,
+            excused=len(excused),
+        )
+        result.flows.append(fr)
+        waiting = {k: v for k, v in stuck[f.index].items() if sum(v.values())}
+        if lost:
+            kind = "stuck" if waiting else "lost"
+            result.violations.append(
+                f"{kind}: {where}: {len(lost)} of {fr.acked} acknowledged not handled "
+                f"(e.g. {[b.decode() for b in lost[:3]]}); waiting after {SETTLE:.0f} s: "
+                f"{waiting or 'nothing'}"
+            )
+        elif waiting:
+            result.violations.append(f"stuck: {where}: messages waiting after settling: {waiting}")
+        unacked = book.unacked_handled()
+        if unacked and f.source != "pub":  # pub: lines after its position may be stored
+            failures = book.failed_publishes
+            if unacked > failures:
+                result.violations.append(
+                    f"phantom: {where}: {unacked} handled bodies never acknowledged, more "
+                    f"than the {failures} publishes that failed"
+                )
+        if fr.duplicates and not schedule.faults and not f.failing and not f.slow_ms:
+            result.violations.append(
+                f"duplicates: {where}: {fr.duplicates} duplicates in a run without faults"
+            )
+        for side in ("source", "sink"):
+            for p in doors[f"flow{f.index}.{side}"].problems():
+                result.violations.append(f"exit/summary: {where} {side}: {p}")
