@@ -520,3 +520,30 @@ async def test_ext_topic_headers_reach_the_consumer(youzan_cluster, anyio_backen
         assert consumer.last_error is None
     assert (got[0].body, got[0].headers) == (b"one", {"region": "eu", "n": 1})
     assert (more[0].body, more[0].headers) == (b"two", {"region": "us", "n": 2})
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+async def test_an_async_handler_can_await_stop(youzan_cluster, anyio_backend, ordered):
+    """An ordered message's handler starts in the read callback; awaiting consumer.stop()
+    there ended in "Attempted to exit a cancel scope that isn't the current task's current
+    cancel scope". It stops as on a classic topic: the message in hand answered, no error."""
+    topic = unique("stopin")
+    create_topic(youzan_cluster, topic, partitions=1, replicas=1, ordered=ordered, channel="ch")
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        for n in range(8):
+            await producer.publish(topic, b"%d" % n, partition=0)
+
+    handled: list[int] = []
+    consumer: Consumer
+
+    async def handle(message: Message) -> None:
+        handled.append(int(message.body))
+        if len(handled) == 4:
+            await consumer.stop()
+
+    consumer = Consumer(topic, "ch", handle, lookupd_http_addresses=lookupds(youzan_cluster))
+    with anyio.fail_after(30):
+        await consumer.run()  # returns once the stop is over, or raises
+    assert handled == [0, 1, 2, 3]
+    stats = consumer.stats()
+    assert stats.finished + stats.requeued == stats.received
