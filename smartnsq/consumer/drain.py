@@ -136,9 +136,12 @@ class Drain:
             await anyio.sleep(min([1.0, *(t / 4 for t in timeouts if t > 0)]))
             now = time.monotonic()
             running = self.running()
-            pulled = self.workers.pulled
-            if pulled is not None and not pulled._responded and pulled._reader.ordered:  # type: ignore[attr-defined]
-                running.append(pulled)  # its partition waits for it too
+            for sub in self.state.subs.values():
+                # An ordered message waiting its turn or held by a sink's thread (or pulled
+                # with ``async for``): its partition waits for it too.
+                held = sub.held
+                if held is not None and not held._responded:
+                    running.append(held)
             for msg in running:
                 reader = msg._reader
                 if not (every or reader.ordered):  # type: ignore[attr-defined]
