@@ -547,3 +547,30 @@ async def test_an_async_handler_can_await_stop(youzan_cluster, anyio_backend, or
     assert handled == [0, 1, 2, 3]
     stats = consumer.stats()
     assert stats.finished + stats.requeued == stats.received
+
+
+async def test_every_ordered_partition_is_ready_whatever_max_in_flight(
+    youzan_cluster, anyio_backend
+):
+    """One message in flight per ordered partition whatever ``max_in_flight`` says: with
+    the default (1) and four partitions, the partitions took turns holding RDY 1 (5 s each),
+    so a message of a partition without it waited for its turn."""
+    topic = unique("rdy1")
+    create_topic(youzan_cluster, topic, partitions=4, replicas=1, ordered=True, channel="ch")
+    handled: list[tuple[int | None, float]] = []
+
+    async def handle(message: Message) -> None:
+        handled.append((message.partition, time.monotonic()))
+
+    async with Consumer(topic, "ch", handle, lookupd_http_addresses=lookupds(youzan_cluster)) as c:
+        await wait_until(lambda: c.stats().connections == 4, 30, "4 partitions subscribed")
+        await wait_until(
+            lambda: all(n.rdy == 1 for n in c.stats().nodes.values()), 2, "RDY 1 on each"
+        )
+        async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+            sent = time.monotonic()
+            for partition in range(4):
+                await producer.publish(topic, b"m", partition=partition)
+        await wait_until(lambda: len(handled) == 4, 10, "one message per partition handled")
+    assert sorted(p for p, _ in handled) == [0, 1, 2, 3]
+    assert max(t for _, t in handled) - sent < 2.0  # no partition waited for a turn
