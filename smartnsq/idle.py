@@ -31,10 +31,11 @@ Job = Any  # what run_as_worker hands a worker: its wait() returns it
 
 
 class IdleWorkers:
-    __slots__ = ("_loop", "_waiting")
+    __slots__ = ("_loop", "_waiting", "_wake_alls")
 
     def __init__(self) -> None:
         self._waiting: deque[Any] = deque()
+        self._wake_alls = 0  # wake_all calls: see run_as_worker
         self._loop: asyncio.AbstractEventLoop | Literal[False] | None = None  # False: not asyncio
 
     def __len__(self) -> int:
@@ -98,16 +99,30 @@ class IdleWorkers:
             waiting.popleft()
         if not waiting:
             return False
-        future = waiting[0]
-        job = run_as_task(future, fn, arg)
-        if job is NOT_RUN:
-            return False
-        if job is not None:
-            waiting.popleft()
-            future.set_result(job)
-            future.wake()
+        # Out of the queue while it runs: what ``fn`` runs (a handler awaiting the consumer's
+        # stop, which wakes every idle worker) must not wake this worker with nothing, or
+        # the job it is about to get is lost with the cancel scopes it entered.
+        future = waiting.popleft()
+        wake_alls = self._wake_alls
+        try:
+            job = run_as_task(future, fn, arg)
+        except BaseException:
+            waiting.appendleft(future)
+            raise
+        if job is NOT_RUN or job is None:
+            if future.done():
+                pass  # cancelled meanwhile
+            elif self._wake_alls != wake_alls:  # it was idle then: woken too
+                future.set_result(None)
+                future.schedule()
+            else:
+                waiting.appendleft(future)
+            return job is not NOT_RUN
+        future.set_result(job)
+        future.wake()
         return True
 
     def wake_all(self) -> None:
+        self._wake_alls += 1
         while self._waiting:
             self.wake_one()

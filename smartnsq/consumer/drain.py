@@ -87,8 +87,13 @@ class Drain:
             else:
                 answers.give_back(pulled)
         started = anyio.current_time()
+        mine = self.workers.own()  # a handler stopping its consumer: never waited for
         with anyio.move_on_after(timeout) as self.draining:
-            while self.running(with_held=False) or self.threads.busy() or self._held():
+            while (
+                [m for m in self.running(with_held=False) if m is not mine]
+                or self.threads.busy()
+                or self._held()
+            ):
                 await anyio.sleep(0.01)
         self.draining = None
         self.workers.cancel()
@@ -139,9 +144,12 @@ class Drain:
             await anyio.sleep(min([1.0, *(t / 4 for t in timeouts if t > 0)]))
             now = time.monotonic()
             running = self.running()
-            pulled = self.workers.pulled
-            if pulled is not None and not pulled._responded and pulled._reader.ordered:  # type: ignore[attr-defined]
-                running.append(pulled)  # its partition waits for it too
+            for sub in self.state.subs.values():
+                # An ordered message waiting its turn or held by a sink's thread (or pulled
+                # with ``async for``): its partition waits for it too.
+                held = sub.held
+                if held is not None and not held._responded:
+                    running.append(held)
             for msg in running:
                 reader = msg._reader
                 if not (every or reader.ordered):  # type: ignore[attr-defined]

@@ -253,6 +253,7 @@ class Intake:
             msg._responded = False
             msg._auto = True
             msg._received = msg._touched = now
+            sub.held = msg
             if internal_id < checker.last_id or offset < checker.last_offset or attempts >= warn_at:
                 self.check_order(sub, msg)  # logs and callbacks
             else:
@@ -276,6 +277,8 @@ class Intake:
         msg._auto = True
         if options.auto_touch or sub.ordered:
             msg._received = msg._touched = sub.batch_time
+        if sub.ordered:
+            sub.held = msg
         skip = sub.skip
         if skip is not None:
             stale, sub.skip = skip.check(msg.offset, msg.timestamp, msg.attempts)

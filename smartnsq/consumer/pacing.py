@@ -118,6 +118,12 @@ class Pacing:
             return True
         if self.backoff.level:
             return True  # the backoff window decides
+        if all(s.ordered for s in subs):
+            # One in flight per ordered partition whatever max_in_flight says: taking turns
+            # held a partition with messages waiting until a turn came (5 s each).
+            for s in subs:
+                s.set_rdy(1)
+            return True
         if _even(mif, subs):
             return True
         now = time.monotonic()

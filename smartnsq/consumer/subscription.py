@@ -8,7 +8,7 @@ from typing import Protocol
 
 from smartnsq.connection import Connection
 from smartnsq.errors import ConnectionClosed
-from smartnsq.message import Answerer
+from smartnsq.message import Answerer, Message
 from smartnsq.protocol import commands
 from smartnsq.protocol.message import CLASSIC, MessageLayout
 from smartnsq.protocol.offsets import Skip
@@ -39,6 +39,7 @@ class Subscription:
         "answers",
         "batch_time",
         "conn",
+        "held",
         "in_flight",
         "last_attempts",
         "last_id",
@@ -89,6 +90,9 @@ class Subscription:
         self.rdy = 0
         self.rdy_left = 0
         self.in_flight = 0
+        # Ordered: the message last handed on, wherever it waits (a worker, the queue, a
+        # sink's thread): auto-touch keeps it alive, as its partition waits for it.
+        self.held: Message | None = None
         self.received = 0
         # Ordered: the id and attempts of the message last handed on (see Intake.repeats).
         self.last_id = b""

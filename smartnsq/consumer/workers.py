@@ -41,6 +41,7 @@ class Workers:
         "ended",
         "idle",
         "limit",
+        "owners",
         "pulled",
         "queue",
         "scope",
@@ -56,6 +57,7 @@ class Workers:
         self.idle = IdleWorkers()  # workers (or a puller) waiting for the queue
         # What each worker is handling right now (None when idle): for stop and auto-touch.
         self.slots: list[Message | None] = []
+        self.owners: list[int] = []  # each slot's task id: a handler that stops the consumer
         self.scope: anyio.CancelScope | None = None
         self.pulled: Message | None = None  # the last message pulled with ``async for``
         self.limit = state.options.workers  # concurrency: the most workers ever started
@@ -85,6 +87,15 @@ class Workers:
 
     def running(self) -> list[Message]:
         return [m for m in self.slots if m is not None]
+
+    def own(self) -> Message | None:
+        """The message the calling task handles, when it is a worker (a handler stopping
+        the consumer: the stop must not wait for it)."""
+        try:
+            slot = self.owners.index(anyio.get_current_task().id)
+        except ValueError:
+            return None
+        return self.slots[slot] if slot < len(self.slots) else None
 
     def cancel(self) -> None:
         """Cancel the workers (their messages are then the drain's to requeue)."""
@@ -131,6 +142,7 @@ class Workers:
 
     async def run(self) -> None:
         self.slots = []
+        self.owners = []
         try:
             with anyio.CancelScope() as scope:
                 self.scope = scope
@@ -147,6 +159,7 @@ class Workers:
                         while self.adding:
                             self.adding -= 1
                             self.slots.append(None)
+                            self.owners.append(-1)  # set by the worker as it starts
                             tg.start_soon(self._worker, len(self.slots) - 1)
                         self._call_soon_calls()
         finally:
@@ -174,6 +187,7 @@ class Workers:
         handler = state.options.handler
         assert handler is not None
         self.coming -= 1  # started: at the queue now
+        self.owners[slot] = anyio.get_current_task().id
         while not state.stopping:
             if not queue:
                 job = await idle.wait()

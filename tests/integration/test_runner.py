@@ -154,3 +154,32 @@ async def test_run_ends_when_every_consumer_stopped(classic_cluster, anyio_backe
         await producer.publish(topic, b"late")
     s = await wait_until(lambda: gone_and_answered(nsqd.http, topic, ch), 5, "client gone")
     assert s["depth"] == 0, s
+
+
+async def test_a_handler_that_stops_its_consumer_does_not_wait_for_itself(
+    classic_cluster, anyio_backend
+):
+    """A handler may call ``Consumer.stop``: the stop waited for running handlers, this one
+    among them, so it took the whole ``timeout`` (10 s) before it could end. It waits only
+    for the others; nothing is left in flight."""
+    nsqd = classic_cluster.nsqd[0]
+    topic, ch = unique("stop_in_handler"), "c"
+    await fill(nsqd, topic, ch, 8)
+    handled: list[bytes] = []
+    took: list[float] = []
+    consumer: Consumer
+
+    async def handle(message: Message) -> None:
+        handled.append(message.body)
+        if len(handled) == 4:
+            start = anyio.current_time()
+            await consumer.stop()
+            took.append(anyio.current_time() - start)
+
+    consumer = Consumer(topic, ch, handle, nsqd_tcp_addresses=[nsqd.tcp])
+    with anyio.fail_after(30):
+        await consumer.run()
+    assert len(handled) == 4
+    assert took and took[0] < 5.0, took  # not the 10 s timeout
+    s = await wait_until(lambda: gone_and_answered(nsqd.http, topic, ch), 5, "client gone")
+    assert s["depth"] + s["deferred_count"] >= 4  # the rest (and the stopping one) wait

@@ -520,3 +520,57 @@ async def test_ext_topic_headers_reach_the_consumer(youzan_cluster, anyio_backen
         assert consumer.last_error is None
     assert (got[0].body, got[0].headers) == (b"one", {"region": "eu", "n": 1})
     assert (more[0].body, more[0].headers) == (b"two", {"region": "us", "n": 2})
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+async def test_an_async_handler_can_await_stop(youzan_cluster, anyio_backend, ordered):
+    """An ordered message's handler starts in the read callback; awaiting consumer.stop()
+    there ended in "Attempted to exit a cancel scope that isn't the current task's current
+    cancel scope". It stops as on a classic topic: the message in hand answered, no error."""
+    topic = unique("stopin")
+    create_topic(youzan_cluster, topic, partitions=1, replicas=1, ordered=ordered, channel="ch")
+    async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        for n in range(8):
+            await producer.publish(topic, b"%d" % n, partition=0)
+
+    handled: list[int] = []
+    consumer: Consumer
+
+    async def handle(message: Message) -> None:
+        handled.append(int(message.body))
+        if len(handled) == 4:
+            await consumer.stop()
+
+    consumer = Consumer(topic, "ch", handle, lookupd_http_addresses=lookupds(youzan_cluster))
+    with anyio.fail_after(30):
+        await consumer.run()  # returns once the stop is over, or raises
+    assert handled == [0, 1, 2, 3]
+    stats = consumer.stats()
+    assert stats.finished + stats.requeued == stats.received
+
+
+async def test_every_ordered_partition_is_ready_whatever_max_in_flight(
+    youzan_cluster, anyio_backend
+):
+    """One message in flight per ordered partition whatever ``max_in_flight`` says: with
+    the default (1) and four partitions, the partitions took turns holding RDY 1 (5 s each),
+    so a message of a partition without it waited for its turn."""
+    topic = unique("rdy1")
+    create_topic(youzan_cluster, topic, partitions=4, replicas=1, ordered=True, channel="ch")
+    handled: list[tuple[int | None, float]] = []
+
+    async def handle(message: Message) -> None:
+        handled.append((message.partition, time.monotonic()))
+
+    async with Consumer(topic, "ch", handle, lookupd_http_addresses=lookupds(youzan_cluster)) as c:
+        await wait_until(lambda: c.stats().connections == 4, 30, "4 partitions subscribed")
+        await wait_until(
+            lambda: all(n.rdy == 1 for n in c.stats().nodes.values()), 2, "RDY 1 on each"
+        )
+        async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+            sent = time.monotonic()
+            for partition in range(4):
+                await producer.publish(topic, b"m", partition=partition)
+        await wait_until(lambda: len(handled) == 4, 10, "one message per partition handled")
+    assert sorted(p for p, _ in handled) == [0, 1, 2, 3]
+    assert max(t for _, t in handled) - sent < 2.0  # no partition waited for a turn

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 
 import pytest
@@ -91,3 +92,28 @@ def test_a_thread_leaving_an_ordered_topic_early_hands_the_rest_on_in_order(youz
                 break
     # no message lost, none repeated, every key still in order across the two consumers
     assert dict(seen) == dict(sent)
+
+
+def test_a_slow_loop_body_on_an_ordered_topic_handles_each_message_once(youzan_cluster, caplog):
+    """The loop body is the handler: while it runs longer than nsqd's message timeout,
+    its ordered message is touched, as a handler's is. Untouched, nsqd timed it out: its
+    FIN was refused and it came back (attempts 2), handled a second time; and one of
+    another partition, waiting its turn, timed out the same way."""
+    topic = unique("sslow")
+    create_topic(youzan_cluster, topic, partitions=2, replicas=1, ordered=True, channel="ch")
+    with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
+        for n in range(4):
+            producer.publish(topic, b"%d" % n, partition=n % 2)
+    seen: list[tuple[int, int]] = []
+    with Consumer(
+        topic, "ch", lookupd_http_addresses=lookupds(youzan_cluster), msg_timeout=2
+    ) as consumer:
+        for message in consumer:
+            seen.append((int(message.body), message.attempts))
+            time.sleep(2.6)  # the slow work itself, longer than the message timeout
+            if len({n for n, _ in seen}) == 4:
+                break
+        stats = consumer.stats()
+    assert sorted(seen) == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert stats.refused == 0
+    assert not [r for r in caplog.records if "E_FIN_FAILED" in r.getMessage()]
