@@ -500,6 +500,23 @@ async def test_youzan_a_missing_dead_letter_topic_is_an_error_at_start(
             pass
 
 
+def apart(cluster: Any, prefix: str, ordered: bool) -> tuple[str, str, int]:
+    """A one-partition source topic and its dead-letter topic, led by different nsqd (lookupd
+    picks the leaders: topics are made until the source is on the other one); the index of
+    the dead-letter topic's nsqd."""
+    node = {n.http: i for i, n in enumerate(cluster.nsqd)}
+
+    def leader(info: dict[str, Any]) -> int:
+        [n] = info["partitions"].values()
+        return node[f"{n['broadcast_address']}:{n['http_port']}"]
+
+    topic, dead = unique(prefix), unique(f"{prefix}_dead")
+    sink = leader(create_topic(cluster, dead, partitions=1, replicas=1, channel="d"))
+    while leader(create_topic(cluster, topic, 1, 1, ordered=ordered, channel="c")) == sink:
+        topic = unique(prefix)
+    return topic, dead, sink
+
+
 @pytest.mark.slow  # about a minute: the fork takes its time to make the restarted nsqd writable
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -507,17 +524,7 @@ async def test_youzan_ordered_partition_waits_for_a_failing_copy_without_spinnin
     cluster_factory, anyio_backend, caplog
 ):
     cluster = cluster_factory("youzan", nsqd=2)
-    node = {n.http: i for i, n in enumerate(cluster.nsqd)}
-
-    def leader(info: dict[str, Any]) -> int:
-        [n] = info["partitions"].values()
-        return node[f"{n['broadcast_address']}:{n['http_port']}"]
-
-    topic, dead = unique("dlo"), unique("dlo_dead")
-    sink = leader(create_topic(cluster, dead, partitions=1, replicas=1, channel="d"))
-    # lookupd picks the leaders: make topics until the source is on the other nsqd
-    while leader(create_topic(cluster, topic, 1, 1, ordered=True, channel="c")) == sink:
-        topic = unique("dlo")
+    topic, dead, sink = apart(cluster, "dlo", ordered=True)
     bodies = [b"poison", b"h0", b"h1"]
     async with Producer(lookupd_http_addresses=lookupds(cluster)) as producer:
         for body in bodies:
@@ -547,16 +554,7 @@ async def test_youzan_a_stop_does_not_wait_for_an_ordered_message_held_between_c
     # Between two failed copies an ordered message is held, not copied: a graceful stop
     # gives it back at once instead of waiting out the hold (up to stop_timeout).
     cluster = cluster_factory("youzan", nsqd=2)
-    node = {n.http: i for i, n in enumerate(cluster.nsqd)}
-
-    def leader(info: dict[str, Any]) -> int:
-        [n] = info["partitions"].values()
-        return node[f"{n['broadcast_address']}:{n['http_port']}"]
-
-    topic, dead = unique("dlo"), unique("dlo_dead")
-    sink = leader(create_topic(cluster, dead, partitions=1, replicas=1, channel="d"))
-    while leader(create_topic(cluster, topic, 1, 1, ordered=True, channel="c")) == sink:
-        topic = unique("dlo")
+    topic, dead, sink = apart(cluster, "dlo", ordered=True)
     source = cluster.nsqd[1 - sink]
     async with Producer(lookupd_http_addresses=lookupds(cluster)) as producer:
         await producer.publish(topic, b"poison", sharding_key="k")
@@ -586,16 +584,8 @@ async def test_youzan_a_refused_fin_after_a_slow_copy_is_not_taken_from_finished
     # FIN was never counted as finished (the message was given up on): the fork names the
     # message as a byte list ("FIN [0 0 ... 2 ...] failed"), which must still be recognised.
     cluster = cluster_factory("youzan", nsqd=2)
-    node = {n.http: i for i, n in enumerate(cluster.nsqd)}
-
-    def leader(info: dict[str, Any]) -> int:
-        [n] = info["partitions"].values()
-        return node[f"{n['broadcast_address']}:{n['http_port']}"]
-
-    topic, dead = unique("dlr"), unique("dlr_dead")
-    sink = cluster.nsqd[leader(create_topic(cluster, dead, partitions=1, replicas=1, channel="d"))]
-    while cluster.nsqd[leader(create_topic(cluster, topic, 1, 1, channel="c"))] is sink:
-        topic = unique("dlr")
+    topic, dead, at = apart(cluster, "dlr", ordered=False)
+    sink = cluster.nsqd[at]
     async with Producer(lookupd_http_addresses=lookupds(cluster)) as producer:
         await producer.publish(topic, b"poison")
     consumer = Consumer(
