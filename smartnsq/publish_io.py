@@ -25,6 +25,7 @@ from smartnsq.connection import Connection
 from smartnsq.errors import (
     ConfigRefused,
     ConnectionClosed,
+    LookupFailed,
     NoNsqdAvailable,
     NSQError,
     NSQTimeout,
@@ -81,8 +82,9 @@ class AsyncPublisher(ProducerCore[N]):
         """Around a publish's slow path (connecting, lookups, retries) of ``limit`` seconds."""
         raise NotImplementedError
 
-    async def _refresh(self, topic: str, deadline: float) -> TopicLayout:
-        """Ask the lookupds for ``topic``'s write layout."""
+    async def _refresh(self, topic: str, deadline: float, everywhere: bool = False) -> TopicLayout:
+        """Ask the lookupds for ``topic``'s write layout; ``everywhere``: every nsqd they
+        know (``LookupManager.every_nsqd``)."""
         raise NotImplementedError
 
     async def _node_connection(self, node: N, deadline: float) -> Connection:
@@ -469,6 +471,8 @@ class AsyncPublisher(ProducerCore[N]):
                         (address, part), route = route, None
                     else:
                         layout = await self._layout(topic, refresh, deadline)
+                        if self._all_down(layout):
+                            layout = await self._elsewhere(topic, layout, deadline)
                         address, part = self._pick(topic, partition, key, layout)
                     node = self._node(address)
                     conn = await self._node_connection(node, deadline)
@@ -508,6 +512,15 @@ class AsyncPublisher(ProducerCore[N]):
         if layout is None:
             layout = await self._refresh(topic, deadline)
         return layout
+
+    async def _elsewhere(self, topic: str, layout: TopicLayout, deadline: float) -> TopicLayout:
+        """Every nsqd listed for classic ``topic`` is down: every nsqd lookupd knows, where
+        nsqd creates the topic on its first PUB (consumers through lookupd find it there
+        too). On the fork, or when lookupd cannot say, the topic's own nsqd."""
+        try:
+            return await self._refresh(topic, deadline, everywhere=True)
+        except (TopicNotFound, LookupFailed):
+            return layout
 
     async def _acquire(self, deadline: float) -> tuple[N, Connection]:
         """A connection to the next healthy configured nsqd, round-robin; opens one if needed."""

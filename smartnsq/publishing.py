@@ -379,6 +379,18 @@ class ProducerCore(PublishPlanner, Generic[N]):
         i = self._take_turns(topic, addresses)
         return addresses[i], parts[i]
 
+    def _all_down(self, layout: TopicLayout) -> bool:
+        """Every nsqd listed for a classic topic is avoided now (down, no probe due)."""
+        if layout.partitioned or not layout.producers:
+            return False
+        now = self._now()
+        nodes = self._by_address
+        for listed in layout.producers:
+            node = nodes.get(listed.tcp_address)
+            if node is None or not node.failures or now >= node.down_until:
+                return False
+        return True
+
     def _take_turns(self, topic: str, addresses: list[str]) -> int:
         """The index of the next of ``addresses`` in turn; when that nsqd is busy or down,
         the best by :func:`rank` (the turn order breaks ties), claiming a recovering one

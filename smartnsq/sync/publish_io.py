@@ -13,6 +13,7 @@ from smartnsq._checks import FORKS, get_ident
 from smartnsq.errors import (
     ConfigRefused,
     ConnectionClosed,
+    LookupFailed,
     NoNsqdAvailable,
     NSQError,
     NSQTimeout,
@@ -70,8 +71,9 @@ class SyncPublisher(ProducerCore[N]):
         """Around a publish's slow path (connecting, lookups, retries) of ``limit`` seconds."""
         raise NotImplementedError
 
-    def _refresh(self, topic: str, deadline: float) -> TopicLayout:
-        """Ask the lookupds for ``topic``'s write layout."""
+    def _refresh(self, topic: str, deadline: float, everywhere: bool = False) -> TopicLayout:
+        """Ask the lookupds for ``topic``'s write layout; ``everywhere``: every nsqd they
+        know (``LookupManager.every_nsqd``)."""
         raise NotImplementedError
 
     def _node_connection(self, node: N, deadline: float) -> SyncConnection:
@@ -458,6 +460,8 @@ class SyncPublisher(ProducerCore[N]):
                         (address, part), route = route, None
                     else:
                         layout = self._layout(topic, refresh, deadline)
+                        if self._all_down(layout):
+                            layout = self._elsewhere(topic, layout, deadline)
                         address, part = self._pick(topic, partition, key, layout)
                     node = self._node(address)
                     conn = self._node_connection(node, deadline)
@@ -497,6 +501,15 @@ class SyncPublisher(ProducerCore[N]):
         if layout is None:
             layout = self._refresh(topic, deadline)
         return layout
+
+    def _elsewhere(self, topic: str, layout: TopicLayout, deadline: float) -> TopicLayout:
+        """Every nsqd listed for classic ``topic`` is down: every nsqd lookupd knows, where
+        nsqd creates the topic on its first PUB (consumers through lookupd find it there
+        too). On the fork, or when lookupd cannot say, the topic's own nsqd."""
+        try:
+            return self._refresh(topic, deadline, everywhere=True)
+        except (TopicNotFound, LookupFailed):
+            return layout
 
     def _acquire(self, deadline: float) -> tuple[N, SyncConnection]:
         """A connection to the next healthy configured nsqd, round-robin; opens one if needed."""

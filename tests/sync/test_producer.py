@@ -460,3 +460,31 @@ def test_a_publish_whose_time_ran_out_before_sending_says_it_was_not_sent(cluste
         nsqd.signal(signal.SIGCONT)
     assert "may or may not" not in str(caught.value)
     assert took < 1 + 0.5, took
+
+
+def test_a_topic_whose_every_nsqd_is_down_goes_to_another_nsqd(cluster_factory):
+    """As the async Producer's twin: the topic's only nsqd stopped, another alive; a
+    lookupd-only Producer publishes to the live one."""
+    from tests.helpers import create_channel
+
+    cluster = cluster_factory("classic", nsqd=2)
+    stopped, live = cluster.nsqd
+    topic = unique("sorphan")
+    create_channel(stopped.http, topic, "c")
+    wait_for(
+        lambda: (http_json(f"http://{cluster.lookupd[0].http}/lookup?topic={topic}") or {}).get(
+            "producers"
+        ),
+        10,
+        "lookupd to list the topic's nsqd",
+    )
+    stopped.signal(signal.SIGSTOP)
+    try:
+        with Producer(
+            lookupd_http_addresses=lookupds(cluster), timeout=3, connect_timeout=1
+        ) as producer:
+            for i in range(3):
+                producer.publish(topic, b"m%d" % i)
+    finally:
+        stopped.signal(signal.SIGCONT)
+    assert int(topic_stats(live.http, topic)["message_count"]) == 3
