@@ -49,7 +49,10 @@ SYNC_WORKER = textwrap.dedent(
         topic, channel, handle, nsqd_tcp_addresses=[nsqd], max_in_flight=5, concurrency=2,
         msg_timeout=60,
     )
-    if stop_timeout == "default":
+    if stop_timeout == "with":  # no run(): Ctrl-C raises KeyboardInterrupt in the block
+        with consumer:
+            time.sleep(3600)
+    elif stop_timeout == "default":
         consumer.run()
     else:
         consumer.run(stop_timeout=float(stop_timeout))
@@ -129,3 +132,30 @@ def test_run_stop_timeout_bounds_the_stop(tmp_path, nsqd, sig):
         worker.kill()
     assert_all_requeued(worker, nsqd, topic, ch, code)
     assert 1 <= took < 6, f"the stop took {took:.1f}s"
+
+
+def test_second_ctrl_c_during_close_stops_at_once(tmp_path, nsqd):
+    """Without run(): the first Ctrl-C raises KeyboardInterrupt in the ``with`` block, whose
+    exit waits for the running handlers (10 s); a second Ctrl-C cuts that wait instead of
+    raising out of it with messages in flight. The first KeyboardInterrupt still ends the
+    program (the caller's to handle)."""
+    worker, topic, ch = start_worker(tmp_path, nsqd, "with")
+    try:
+        worker.proc.send_signal(signal.SIGINT)
+        wait_for(
+            lambda: (channel_stats(nsqd.http, topic, ch) or {}).get("in_flight_count") == RUNNING,
+            10,
+            "the waiting messages to be requeued",
+        )
+        sent = time.monotonic()
+        worker.proc.send_signal(signal.SIGINT)
+        code = worker.exit(timeout=20)
+        took = time.monotonic() - sent
+    finally:
+        worker.kill()
+    assert code != 0 and any("KeyboardInterrupt" in line for line in worker.err), worker.describe()
+    s = stats_once_gone(nsqd, topic, ch)
+    assert s["in_flight_count"] == 0, s
+    assert (nsqd_finished(s), s["requeue_count"], s["timeout_count"]) == (0, PUBLISHED, 0), s
+    assert took < 5, f"the second Ctrl-C took {took:.1f}s to end the process"
+    assert any("received while stopping" in line for line in worker.err), worker.describe()
