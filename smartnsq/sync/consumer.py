@@ -103,7 +103,9 @@ class Consumer:
         # The rest of the read being iterated (see Sinks.set's ``reads``).
         self._read: Iterator[Message] = iter(())
         self._stopped = threading.Event()
-        # A second Ctrl-C or SIGTERM: the stop stops waiting for running handlers.
+        # A first Ctrl-C or SIGTERM in run(): stop; a second one (or one during close):
+        # the stop stops waiting for running handlers.
+        self._signalled = False
         self._cut = False
         self._closed = False
 
@@ -214,10 +216,13 @@ class Consumer:
                 signal.signal(signal.SIGINT, previous)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Flags and a SimpleQueue put only: the code this interrupts may hold a lock (an
+        # Event's) that this thread would wait for for ever.
         name = signal.Signals(signum).name
-        if not self._closed:  # not stopping yet
+        if not self._closed and not self._signalled:  # not stopping yet
             log.info("%s received: stopping (send it again to stop at once)", name)
-            self.stop()
+            self._signalled = True
+            self._handed.put(None)  # wakes run()
         elif not self._cut:
             log.warning("%s received while stopping: cancelling running handlers", name)
             self._cut = True
@@ -259,7 +264,7 @@ class Consumer:
         try:
             self.start()
             try:
-                self._stopped.wait()
+                self._handed.get()  # None: stop() or a signal (a handler gets no reads)
             finally:
                 self.close(stop_timeout)
         finally:
