@@ -128,10 +128,12 @@ class Producer(AsyncPublisher[_Node]):
         # this outer bound covers connecting and lookups.
         return anyio.fail_after(limit + 0.2)
 
-    async def _refresh(self, topic: str, deadline: float) -> TopicLayout:
+    async def _refresh(self, topic: str, deadline: float, everywhere: bool = False) -> TopicLayout:
         assert self._lookup is not None
         try:
             with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+                if everywhere:
+                    return await self._lookup.every_nsqd(topic)
                 return await self._lookup.refresh(topic, "w")
         except TimeoutError:
             raise NSQTimeout(f"lookup of {topic!r} did not finish in time") from None

@@ -20,6 +20,7 @@ from smartnsq.errors import (
     InvalidArgument,
     InvalidType,
     MessageTooLarge,
+    NoNsqdAvailable,
     NSQError,
     NSQTimeout,
     PartialPublish,
@@ -472,6 +473,18 @@ def timeout_error(limit: float) -> NSQTimeout:
     return NSQTimeout(
         f"publish not acknowledged within {limit}s; it may or may not have been published "
         "(nsqd may store it, even later); it is not sent again"
+    )
+
+
+def not_sent_error(limit: float, cause: BaseException | None) -> NoNsqdAvailable:
+    """The call's time ran out before the publish was sent (connecting, a lookup, a retry's
+    wait): unlike :func:`timeout_error`, nsqd cannot hold it."""
+    while isinstance(cause, NSQTimeout) and cause.__cause__ is not None:
+        cause = cause.__cause__  # "no time left to retry": say what failed
+    reason = f" (last: {cause})" if cause is not None and str(cause) else ""
+    return NoNsqdAvailable(
+        f"publish not sent: no nsqd took it within {limit}s{reason}; nothing was sent, so "
+        "publishing it again is safe"
     )
 
 

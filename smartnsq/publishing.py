@@ -61,6 +61,7 @@ from smartnsq.publish_plan import (
     batch_failed,
     emit_publish,
     mpub_count,
+    not_sent_error,
     timeout_error,
 )
 from smartnsq.trace import TraceSwitch
@@ -79,6 +80,7 @@ __all__ = [
     "check_server",
     "emit_publish",
     "mpub_count",
+    "not_sent_error",
     "timeout_error",
 ]
 
@@ -190,7 +192,11 @@ class ProducerCore(PublishPlanner, Generic[N]):
             heartbeat_interval: How often nsqd sends a heartbeat, in seconds: 1 to 60, or -1 to
                 disable; default 30.0. A connection silent for two intervals (plus 10 %) is
                 closed and its nsqd avoided for a while.
-            connect_timeout: Seconds allowed for the TCP connection to an nsqd, default 5.0.
+            connect_timeout: Seconds allowed for the TCP connection to an nsqd, and again for
+                its handshake, default 5.0. A connection that does not complete them in time
+                (an nsqd that accepts connections but does not answer) is a failed connect:
+                nothing was sent, so the publish goes to another nsqd within its
+                ``timeout``. Keep it below ``timeout`` for that to fit in one call.
             client_id: Client id reported to nsqd (shown in its stats); default: the short host
                 name.
             identify: Extra fields for the IDENTIFY command (a dict of JSON values), sent as
@@ -272,6 +278,7 @@ class ProducerCore(PublishPlanner, Generic[N]):
             auth_secret=auth_secret,
             heartbeat_interval=heartbeat_interval,
             connect_timeout=connect_timeout,
+            handshake_timeout=connect_timeout,
             identify_extra=identify or {},
             auth_over_plaintext=auth_over_plaintext,
             busy_poll=busy_poll,
@@ -371,6 +378,18 @@ class ProducerCore(PublishPlanner, Generic[N]):
         # By position: one nsqd may lead several partitions, and each takes its turn.
         i = self._take_turns(topic, addresses)
         return addresses[i], parts[i]
+
+    def _all_down(self, layout: TopicLayout) -> bool:
+        """Every nsqd listed for a classic topic is avoided now (down, no probe due)."""
+        if layout.partitioned or not layout.producers:
+            return False
+        now = self._now()
+        nodes = self._by_address
+        for listed in layout.producers:
+            node = nodes.get(listed.tcp_address)
+            if node is None or not node.failures or now >= node.down_until:
+                return False
+        return True
 
     def _take_turns(self, topic: str, addresses: list[str]) -> int:
         """The index of the next of ``addresses`` in turn; when that nsqd is busy or down,

@@ -132,7 +132,11 @@ class NSQTimeout(NSQError, TimeoutError):
 
 
 class NoNsqdAvailable(NSQError):
-    """No nsqd could take the request (all down, or none configured or discovered)."""
+    """No nsqd could take the request (all down, or none configured or discovered).
+
+    A publish whose ``timeout`` ran out before it was sent (connecting, a lookup, waiting to
+    retry) raises it too, saying "publish not sent": nsqd cannot hold that message.
+    """
 
 
 class PartialPublish(NSQError):

@@ -121,6 +121,9 @@ class LookupManager:
         self._no_listlookup: set[str] = set()  # lookupds that answered 404 to /listlookup
         self.fork = False  # a lookupd answered /listlookup: the Youzan fork
         self._no_nodes: set[str] = set()  # lookupds that refused /nodes
+        # every_nsqd's answer and until when it is used: while a topic's nsqd are down,
+        # each of its publishes asks, and /nodes is the same for every topic.
+        self._every: tuple[float, TopicLayout] | None = None
         self._health: dict[str, _Health] = {}
         # (topic, access) -> (fetched at, expires at, layout)
         self._cache: dict[tuple[str, str], tuple[float, float, TopicLayout]] = {}
@@ -333,6 +336,24 @@ class LookupManager:
         now = time.monotonic()
         j = self.cache_jitter
         self._cache[(topic, access)] = (now, now + ttl * random.uniform(1 - j, 1 + j), layout)
+        return layout
+
+    async def every_nsqd(self, topic: str) -> TopicLayout:
+        """Every nsqd the lookupds know (``/nodes``), as a write layout of ``topic``: where a
+        producer may publish it when every nsqd listed for it is down (classic nsqd creates
+        a topic on its first PUB). Cached for a few seconds.
+
+        Raises:
+            TopicNotFound: A lookupd is not classic (the fork: topics are created by an
+                operator), or none lists an nsqd.
+            LookupFailed: No lookupd answered.
+        """
+        every = self._every
+        if every is not None and time.monotonic() < every[0]:
+            return every[1]
+        await self.discover()
+        layout = await self._new_topic(topic, self._candidates())
+        self._every = (time.monotonic() + NEW_TOPIC_TTL, layout)
         return layout
 
     async def _new_topic(self, topic: str, missing: list[str]) -> TopicLayout:

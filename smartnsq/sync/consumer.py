@@ -9,17 +9,20 @@ loop in batches.
 
 from __future__ import annotations
 
+import logging
 import queue
 import signal
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext, suppress
+from contextlib import AbstractContextManager, nullcontext
+from types import FrameType
 from typing import Any
 
 import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from smartnsq._checks import check_number
 from smartnsq.consumer import Consumer as AsyncConsumer
 from smartnsq.consumer import Handler
 from smartnsq.errors import InvalidType, NSQError
@@ -30,6 +33,8 @@ from smartnsq.observe.stats import ConsumerStats
 # A handled message's FIN waits for the rest of its burst only while the loop body, from
 # the moment it got that message, has taken less than this (seconds).
 SETTLE_AFTER = 0.002
+
+log = logging.getLogger("smartnsq.consumer")
 
 
 class Consumer:
@@ -98,6 +103,10 @@ class Consumer:
         # The rest of the read being iterated (see Sinks.set's ``reads``).
         self._read: Iterator[Message] = iter(())
         self._stopped = threading.Event()
+        # A first Ctrl-C or SIGTERM in run(): stop; a second one (or one during close):
+        # the stop stops waiting for running handlers.
+        self._signalled = False
+        self._cut = False
         self._closed = False
 
     @property
@@ -179,20 +188,44 @@ class Consumer:
         if current is not None:
             consumer.sinks.settle(current, "finish" if handled else "requeue")
         stop = portal.start_task_soon(consumer.stop, timeout)
-        # Messages waiting for this thread go back at once; more may arrive until RDY 0.
-        while not stop.done():
+        # Ctrl-C while waiting would raise KeyboardInterrupt out of the wait and leave the
+        # stop (and nsqd's in-flight messages) behind: it cuts the wait instead.
+        guarded = _main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        previous = signal.signal(signal.SIGINT, self._on_signal) if guarded else None
+        try:
+            cut = False
+            # Messages waiting for this thread go back at once; more may arrive until RDY 0.
+            while not stop.done():
+                self._give_back_waiting()
+                if self._cut and not cut:
+                    cut = True
+                    portal.start_task_soon(consumer.stop, 0)  # a second stop cuts the first
+                try:
+                    stop.result(timeout=0.05)
+                except TimeoutError:
+                    continue
             self._give_back_waiting()
             try:
-                stop.result(timeout=0.05)
-            except TimeoutError:
-                continue
-        self._give_back_waiting()
-        try:
-            self._entered.__exit__(None, None, None)
+                self._entered.__exit__(None, None, None)
+            finally:
+                self._stopped.set()
+                assert self._portal_cm is not None
+                self._portal_cm.__exit__(None, None, None)
         finally:
-            self._stopped.set()
-            assert self._portal_cm is not None
-            self._portal_cm.__exit__(None, None, None)
+            if guarded:
+                signal.signal(signal.SIGINT, previous)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Flags and a SimpleQueue put only: the code this interrupts may hold a lock (an
+        # Event's) that this thread would wait for for ever.
+        name = signal.Signals(signum).name
+        if not self._closed and not self._signalled:  # not stopping yet
+            log.info("%s received: stopping (send it again to stop at once)", name)
+            self._signalled = True
+            self._handed.put(None)  # wakes run()
+        elif not self._cut:
+            log.warning("%s received while stopping: cancelling running handlers", name)
+            self._cut = True
 
     def stop(self) -> None:
         """Ask [`run`][smartnsq.sync.Consumer.run] (or an iteration) to end.
@@ -203,27 +236,40 @@ class Consumer:
         self._stopped.set()
         self._handed.put(None)
 
-    def run(self) -> None:
+    def run(self, *, stop_timeout: float = 10.0) -> None:
         """With a handler: consume until [`stop`][smartnsq.sync.Consumer.stop], Ctrl-C or
         SIGTERM, then stop gracefully and return.
 
-        Handlers run in worker threads (see [`smartnsq.Consumer`][smartnsq.Consumer]).
-        SIGTERM is caught only when called in the main thread.
+        Handlers run in worker threads (see [`smartnsq.Consumer`][smartnsq.Consumer]). The
+        stop is [`smartnsq.run`][smartnsq.run]'s: running handlers get up to
+        ``stop_timeout`` seconds, and a second Ctrl-C or SIGTERM cuts that wait (their
+        messages are requeued). Signals are caught only when called in the main thread.
+
+        Args:
+            stop_timeout: Seconds running handlers get to finish once the stop begins
+                (>= 0), default 10.0.
 
         Raises:
             NSQError: The consumer has no handler.
+            InvalidArgument: A negative or infinite ``stop_timeout``.
         """
         if self._handler is None:
             raise NSQError("run() needs a handler; iterate over a handler-less Consumer")
-        previous = None
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        check_number("stop_timeout", stop_timeout, min=0)
+        previous: dict[signal.Signals, Any] = {}
+        if _main_thread():
+            previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
         try:
-            with self, suppress(KeyboardInterrupt):
-                self._stopped.wait()
+            self.start()
+            try:
+                self._handed.get()  # None: stop() or a signal (a handler gets no reads)
+            finally:
+                self.close(stop_timeout)
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     # -- iterating -------------------------------------------------------------------------------
 
@@ -330,3 +376,7 @@ class Consumer:
                 back.append(handed)
         if back:
             sinks.settle_all(back, "back")
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

@@ -104,7 +104,7 @@ class Producer(SyncPublisher[_Node]):
     def _bound(self, limit: float) -> contextlib.nullcontext[None]:
         return contextlib.nullcontext()  # every step is bounded by the deadline itself
 
-    def _refresh(self, topic: str, deadline: float) -> TopicLayout:
+    def _refresh(self, topic: str, deadline: float, everywhere: bool = False) -> TopicLayout:
         """Ask the lookupds on a short-lived event loop, one thread at a time."""
         assert self._lookup is not None
         lookup = self._lookup
@@ -115,6 +115,8 @@ class Producer(SyncPublisher[_Node]):
             async def ask() -> TopicLayout:
                 async with lookup:
                     with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+                        if everywhere:
+                            return await lookup.every_nsqd(topic)
                         return await lookup.refresh(topic, "w")
 
             try:

@@ -13,6 +13,7 @@ from smartnsq._checks import FORKS, get_ident
 from smartnsq.errors import (
     ConfigRefused,
     ConnectionClosed,
+    LookupFailed,
     NoNsqdAvailable,
     NSQError,
     NSQTimeout,
@@ -33,6 +34,7 @@ from smartnsq.publishing import (
     Request,
     check_server,
     mpub_count,
+    not_sent_error,
     timeout_error,
 )
 from smartnsq.sync.connection import SyncConnection
@@ -69,8 +71,9 @@ class SyncPublisher(ProducerCore[N]):
         """Around a publish's slow path (connecting, lookups, retries) of ``limit`` seconds."""
         raise NotImplementedError
 
-    def _refresh(self, topic: str, deadline: float) -> TopicLayout:
-        """Ask the lookupds for ``topic``'s write layout."""
+    def _refresh(self, topic: str, deadline: float, everywhere: bool = False) -> TopicLayout:
+        """Ask the lookupds for ``topic``'s write layout; ``everywhere``: every nsqd they
+        know (``LookupManager.every_nsqd``)."""
         raise NotImplementedError
 
     def _node_connection(self, node: N, deadline: float) -> SyncConnection:
@@ -176,7 +179,9 @@ class SyncPublisher(ProducerCore[N]):
             InvalidType: An argument of the wrong type; nothing was sent.
             NotSupported: ``delay`` on a Youzan nsqd, or ``partition`` on a classic one;
                 nothing was sent.
-            NoNsqdAvailable: No nsqd could take the message (all down, or none listed).
+            NoNsqdAvailable: No nsqd could take the message (all down, or none listed), or
+                ``timeout`` ran out before it was sent ("publish not sent"): nothing was
+                sent, publishing it again is safe.
             TopicNotFound: With ``lookupd_http_addresses`` on the Youzan fork: no lookupd
                 knows the topic (an operator creates topics there). On a classic cluster a
                 new topic goes to one of the nsqd the lookupds know, which creates it.
@@ -265,7 +270,8 @@ class SyncPublisher(ProducerCore[N]):
                 trace ids); nothing was sent.
             InvalidType: An argument of the wrong type (a single body instead of a list);
                 nothing was sent.
-            NoNsqdAvailable: No nsqd could take the batch.
+            NoNsqdAvailable: No nsqd could take the batch, or ``timeout`` ran out before
+                it was sent ("publish not sent"): publishing it again is safe.
             TopicNotFound: As for [`publish`][smartnsq.Producer.publish].
             ServerError: nsqd refused the first batch and a retry cannot help.
             ConnectionClosed: The connection failed before the message was sent and the
@@ -410,17 +416,22 @@ class SyncPublisher(ProducerCore[N]):
                     self._retried += 1
                     left -= conn.clock() - start
                 route = None  # it failed: route afresh
-        if left <= 0.0:  # the first attempt used the call's time up: nothing sent again
-            raise timeout_error(limit)
+        if left <= 0.0:  # the first attempt failed (unstored) and used the call's time up
+            raise not_sent_error(limit, None)
         deadline = time.monotonic() + left
+        # Whether the current attempt's request went out (nsqd may hold it): a timeout
+        # before that (connecting, a lookup, a retry's wait) can say nothing was sent.
+        went_out = [False]
         try:
             # Each step is bounded by the deadline; a front door may add an outer bound (the
             # event loop's covers connecting and lookups).
             with self._bound(left):
                 return self._send_with_retries(
-                    topic, build, partition, key, deferred, ext, route, deadline, count
+                    topic, build, partition, key, deferred, ext, route, deadline, count, went_out
                 )
-        except (TimeoutError, NSQTimeout):
+        except (TimeoutError, NSQTimeout) as exc:
+            if not went_out[0]:
+                raise not_sent_error(limit, exc) from None
             raise timeout_error(limit) from None
 
     def _send_with_retries(
@@ -434,6 +445,7 @@ class SyncPublisher(ProducerCore[N]):
         route: tuple[str, int | None] | None,
         deadline: float,
         count: int,
+        went_out: list[bool],
     ) -> tuple[bytes, str, int | None]:
         attempt = 0
         refresh = False
@@ -448,6 +460,8 @@ class SyncPublisher(ProducerCore[N]):
                         (address, part), route = route, None
                     else:
                         layout = self._layout(topic, refresh, deadline)
+                        if self._all_down(layout):
+                            layout = self._elsewhere(topic, layout, deadline)
                         address, part = self._pick(topic, partition, key, layout)
                     node = self._node(address)
                     conn = self._node_connection(node, deadline)
@@ -458,6 +472,7 @@ class SyncPublisher(ProducerCore[N]):
                 wait = deadline - time.monotonic()
                 if wait <= 0.0:  # nothing sent: no time left to wait for an answer
                     raise NSQTimeout("no time left to send")
+                went_out[0] = True
                 try:
                     answer = conn.request(build(part), publish=True, timeout=wait)
                 except (ConnectionClosed, ServerError):
@@ -470,7 +485,8 @@ class SyncPublisher(ProducerCore[N]):
                     self._suspect(node, conn)
                 raise
             except (ConnectionClosed, NoNsqdAvailable, ServerError) as exc:
-                self._check_retryable(exc, node, conn)
+                self._check_retryable(exc, node, conn)  # raises when nsqd may hold it
+                went_out[0] = False
                 refresh = True
                 attempt += 1
                 pause = self._next_attempt(exc, attempt)
@@ -485,6 +501,15 @@ class SyncPublisher(ProducerCore[N]):
         if layout is None:
             layout = self._refresh(topic, deadline)
         return layout
+
+    def _elsewhere(self, topic: str, layout: TopicLayout, deadline: float) -> TopicLayout:
+        """Every nsqd listed for classic ``topic`` is down: every nsqd lookupd knows, where
+        nsqd creates the topic on its first PUB (consumers through lookupd find it there
+        too). On the fork, or when lookupd cannot say, the topic's own nsqd."""
+        try:
+            return self._refresh(topic, deadline, everywhere=True)
+        except (TopicNotFound, LookupFailed):
+            return layout
 
     def _acquire(self, deadline: float) -> tuple[N, SyncConnection]:
         """A connection to the next healthy configured nsqd, round-robin; opens one if needed."""

@@ -514,3 +514,88 @@ async def test_settings_nsqd_refuses_fail_the_start_and_are_never_retried(
         assert producer.stats().retried == 0
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR and "smartnsq" in r.name]
     assert len(errors) == 1 and "took these settings before" in errors[0].getMessage()
+
+
+async def test_an_nsqd_that_never_handshakes_is_a_failed_connect(cluster_factory, anyio_backend):
+    """Two nsqd, the first stopped (SIGSTOP: the kernel accepts the connection, nsqd never
+    answers the handshake). Its handshake is bounded by ``connect_timeout`` and counts as a
+    failed connect (nothing was sent): each publish fails over to the other nsqd within its
+    ``timeout``. Before: the handshake had a fixed 5 s, so with ``timeout=3`` the publish
+    raised NSQTimeout "may or may not have been published" (the blocking Producer's twin:
+    tests/sync/test_producer.py)."""
+    import time
+
+    cluster = cluster_factory("classic", nsqd=2)
+    stopped, live = cluster.nsqd
+    topic = unique("hsstop")
+    took: list[float] = []
+    stopped.signal(signal.SIGSTOP)
+    try:
+        async with Producer(
+            [live.tcp, stopped.tcp], timeout=3, connect_timeout=1, max_retries=0
+        ) as producer:
+            for i in range(4):
+                started = time.monotonic()
+                await producer.publish(topic, b"m%d" % i)
+                took.append(time.monotonic() - started)
+            # The start connected to the live one only; publishes take turns, so one tried
+            # the stopped nsqd.
+            assert producer.stats().nodes[stopped.tcp].errors >= 1
+    finally:
+        stopped.signal(signal.SIGCONT)
+    assert max(took) < 3, took
+    assert int(topic_stats(live.http, topic)["message_count"]) == 4
+
+
+async def test_a_publish_whose_time_ran_out_before_sending_says_it_was_not_sent(
+    cluster_factory, anyio_backend
+):
+    """The only nsqd is stopped before the Producer connects: the call's ``timeout`` (1 s)
+    runs out in the handshake (``connect_timeout`` 2 s), before anything was sent. The error
+    says it was NOT sent (NoNsqdAvailable), not "may or may not have been published"."""
+    import time
+
+    from smartnsq.errors import NoNsqdAvailable
+
+    nsqd = cluster_factory("classic", nsqd=1).nsqd[0]
+    nsqd.signal(signal.SIGSTOP)
+    try:
+        async with Producer([nsqd.tcp], timeout=1, connect_timeout=2) as producer:
+            started = time.monotonic()
+            with pytest.raises(NoNsqdAvailable, match="not sent") as caught:
+                await producer.publish(unique("hsstop"), b"x")
+            took = time.monotonic() - started
+    finally:
+        nsqd.signal(signal.SIGCONT)
+    assert "may or may not" not in str(caught.value)
+    assert took < 1 + 0.5, took
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_topic_whose_every_nsqd_is_down_goes_to_another_nsqd(
+    cluster_factory, anyio_backend
+):
+    """A lookupd-only Producer; the topic exists on one nsqd only, which is stopped (lookupd
+    still lists it) while another nsqd lives. Publishes go to the live nsqd, which creates
+    the topic (consumers through lookupd find both). Before: every publish raised."""
+    cluster = cluster_factory("classic", nsqd=2)
+    stopped, live = cluster.nsqd
+    topic = unique("orphan")
+    create_channel(stopped.http, topic, "c")
+    wait_for(
+        lambda: (http_json(f"http://{cluster.lookupd[0].http}/lookup?topic={topic}") or {}).get(
+            "producers"
+        ),
+        10,
+        "lookupd to list the topic's nsqd",
+    )
+    stopped.signal(signal.SIGSTOP)
+    try:
+        async with Producer(
+            lookupd_http_addresses=lookupds(cluster), timeout=3, connect_timeout=1
+        ) as producer:
+            for i in range(3):
+                await producer.publish(topic, b"m%d" % i)
+    finally:
+        stopped.signal(signal.SIGCONT)
+    assert int(topic_stats(live.http, topic)["message_count"]) == 3

@@ -97,9 +97,11 @@ WORKER = textwrap.dedent(
 class Worker:
     """A worker child process whose output lines are collected as they come."""
 
-    def __init__(self, tmp_path: Path, mode: str, backend: str, *args: object) -> None:
+    def __init__(
+        self, tmp_path: Path, mode: str, backend: str, *args: object, source: str = WORKER
+    ) -> None:
         script = tmp_path / "worker.py"
-        script.write_text(WORKER)
+        script.write_text(source)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
             [sys.executable, str(script), mode, backend, *map(str, args)],

@@ -149,6 +149,13 @@ def test_bad_arguments_raise_on_start():
         consumer.start()
 
 
+def test_a_bad_stop_timeout_raises_before_connecting():
+    consumer = Consumer("t", "c", print, nsqd_tcp_addresses=["127.0.0.1:4150"])
+    with pytest.raises(InvalidArgument, match="stop_timeout"):
+        consumer.run(stop_timeout=-1)
+    assert not consumer.started
+
+
 def test_a_message_past_max_attempts_is_given_up_not_handed_over(classic_cluster):
     nsqd = classic_cluster.nsqd[0]
     topic, channel = unique("sgiveup"), "c"

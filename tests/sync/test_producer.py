@@ -414,3 +414,77 @@ def test_settings_nsqd_refuses_fail_the_start(cluster_factory):
     assert time.monotonic() - started < 1
     assert producer.stats().retried == 0
     producer.close()
+
+
+def test_an_nsqd_that_never_handshakes_is_a_failed_connect(cluster_factory):
+    """As the async Producer's twin (tests/integration/test_producer_classic.py): the first
+    of two nsqd stopped (SIGSTOP), ``timeout=3``, ``connect_timeout=1``: every publish fails
+    over to the other nsqd within its timeout. Before: the handshake took min(timeout, 5 s)
+    and the publish raised NSQTimeout "may or may not have been published"."""
+    cluster = cluster_factory("classic", nsqd=2)
+    stopped, live = cluster.nsqd
+    topic = unique("shsstop")
+    took: list[float] = []
+    stopped.signal(signal.SIGSTOP)
+    try:
+        with Producer(
+            [live.tcp, stopped.tcp], timeout=3, connect_timeout=1, max_retries=0
+        ) as producer:
+            for i in range(4):
+                started = time.monotonic()
+                producer.publish(topic, b"m%d" % i)
+                took.append(time.monotonic() - started)
+            # The start connected to the live one only; publishes take turns, so one tried
+            # the stopped nsqd.
+            assert producer.stats().nodes[stopped.tcp].errors >= 1
+    finally:
+        stopped.signal(signal.SIGCONT)
+    assert max(took) < 3, took
+    assert int(topic_stats(live.http, topic)["message_count"]) == 4
+
+
+def test_a_publish_whose_time_ran_out_before_sending_says_it_was_not_sent(cluster_factory):
+    """The only nsqd stopped before the Producer connects; ``timeout=1`` runs out in the
+    handshake: NoNsqdAvailable saying it was NOT sent, within the timeout."""
+    from smartnsq.errors import NoNsqdAvailable
+
+    nsqd = cluster_factory("classic", nsqd=1).nsqd[0]
+    nsqd.signal(signal.SIGSTOP)
+    try:
+        with Producer([nsqd.tcp], timeout=1, connect_timeout=2) as producer:
+            started = time.monotonic()
+            with pytest.raises(NoNsqdAvailable, match="not sent") as caught:
+                producer.publish(unique("shsstop"), b"x")
+            took = time.monotonic() - started
+    finally:
+        nsqd.signal(signal.SIGCONT)
+    assert "may or may not" not in str(caught.value)
+    assert took < 1 + 0.5, took
+
+
+def test_a_topic_whose_every_nsqd_is_down_goes_to_another_nsqd(cluster_factory):
+    """As the async Producer's twin: the topic's only nsqd stopped, another alive; a
+    lookupd-only Producer publishes to the live one."""
+    from tests.helpers import create_channel
+
+    cluster = cluster_factory("classic", nsqd=2)
+    stopped, live = cluster.nsqd
+    topic = unique("sorphan")
+    create_channel(stopped.http, topic, "c")
+    wait_for(
+        lambda: (http_json(f"http://{cluster.lookupd[0].http}/lookup?topic={topic}") or {}).get(
+            "producers"
+        ),
+        10,
+        "lookupd to list the topic's nsqd",
+    )
+    stopped.signal(signal.SIGSTOP)
+    try:
+        with Producer(
+            lookupd_http_addresses=lookupds(cluster), timeout=3, connect_timeout=1
+        ) as producer:
+            for i in range(3):
+                producer.publish(topic, b"m%d" % i)
+    finally:
+        stopped.signal(signal.SIGCONT)
+    assert int(topic_stats(live.http, topic)["message_count"]) == 3
