@@ -31,6 +31,10 @@ PUBLISHERS = 4  # tasks or threads of an in-process source
 ROOT = Path(__file__).resolve().parents[3]
 
 
+# The exit status of a command stopped by a signal (docs/cli.md).
+SIGNALLED = {"SIGINT": 130, "SIGTERM": 143}
+
+
 @dataclass
 class Book:
     """A flow's acknowledged and handled bodies; thread-safe."""
@@ -373,8 +377,8 @@ class PubSource(Door):
                 out.append(f"pub did not exit after {how}")
                 continue
             interrupted = bool(summary.get("interrupted"))
-            if how in ("SIGINT", "SIGTERM") and status not in (130, 1) and not self.done:
-                out.append(f"pub exited {status} after {how} (expected 130)")
+            if how in SIGNALLED and status not in (SIGNALLED[how], 1) and not self.done:
+                out.append(f"pub exited {status} after {how} (expected {SIGNALLED[how]})")
             if how == "ran to its end" and interrupted:
                 out.append(f"pub reported interrupted without a signal (exit {status})")
             if status == 0 and (summary.get("failed") or summary.get("unconfirmed")):
@@ -590,8 +594,10 @@ class ProcSink(Door):
                 out.append(f"{self.name} did not exit within 30 s of {how}")
             elif how == "ran to its end":
                 out.append(f"{self.name} exited {status} by itself")
-            elif status not in (0, 130):
-                out.append(f"{self.name} exited {status} after {how} (a clean stop: 0 or 130)")
+            elif status != SIGNALLED.get(how):
+                out.append(
+                    f"{self.name} exited {status} after {how} (a clean stop: {SIGNALLED.get(how)})"
+                )
         return out
 
 
@@ -621,7 +627,7 @@ class ToFileSink(ProcSink):
         for _, status, _, path in self.proc.runs:
             lines = [x for x in Path(path).read_text().splitlines() if x.startswith("{")]
             summary = json.loads(lines[-1]) if lines else None
-            if status in (0, 130) and summary is None:
+            if status in (0, *SIGNALLED.values()) and summary is None:
                 out.append(f"to-file exited {status} without its --json summary ({path})")
             written += (summary or {}).get("written", 0)
         with self.book.lock:
