@@ -309,7 +309,8 @@ class PubSource(Door):
         )  # fmt: skip
         self.proc = Proc(argv, logs, f"flow{flow.index}.pub")
         # exit status, what stopped it, its --json summary, lines it says it acknowledged
-        self.reports: list[tuple[int | None, str, dict[str, Any], int]] = []
+        # (done: every line was answered, so the count is final; else up to its position)
+        self.reports: list[tuple[int | None, str, dict[str, Any], int, bool]] = []
         self.resume: str | None = None
         self.done = False
         self.started = 0.0
@@ -351,7 +352,10 @@ class PubSource(Door):
             last = int(str(position).rpartition(":")[2]) if position else first
             if summary.get("resume_from"):
                 self.resume = str(summary["resume_from"])
-        self.reports.append((status, how, summary, last - first))
+        done = self.done and last == self.lines
+        answered = range(first + 1, last + 1)
+        acked = len(answered) - len(failed.intersection(answered)) if done else last - first
+        self.reports.append((status, how, summary, acked, done))
         # Lines are numbered from 1; body n is on line n + 1. pub does not say when each
         # line was acknowledged: the run's start is the earliest it can have been.
         for line in range(first + 1, last + 1):
@@ -362,10 +366,13 @@ class PubSource(Door):
 
     def problems(self) -> list[str]:
         out = self.proc.stderr_problems()
-        for status, how, summary, claimed in self.reports:
+        for status, how, summary, claimed, done in self.reports:
             if summary and not summary.get("failed"):
-                # every line up to its position, and the later ones it says it published
-                told = claimed + int(summary.get("published_after_position") or 0)
+                # a run that answered every line: what it acknowledged (lines sent without an
+                # answer are neither); else every line up to its position and the later ones
+                # it says it published
+                beyond = 0 if done else int(summary.get("published_after_position") or 0)
+                told = claimed + beyond
                 if status != 0 and summary.get("published") != told:
                     out.append(f"pub says published {summary.get('published')}, not {told}")
                 if status == 0 and summary.get("published") != claimed:
@@ -587,6 +594,10 @@ class ProcSink(Door):
         self.proc.signal(signal.SIGTERM)
         self.proc.wait(30)
 
+    def stopped_status(self, how: str) -> int | None:
+        """The exit status of a clean stop by the signal ``how``."""
+        return SIGNALLED.get(how)
+
     def problems(self) -> list[str]:
         out = self.proc.stderr_problems()
         for _, status, how, _ in self.proc.runs:
@@ -594,10 +605,9 @@ class ProcSink(Door):
                 out.append(f"{self.name} did not exit within 30 s of {how}")
             elif how == "ran to its end":
                 out.append(f"{self.name} exited {status} by itself")
-            elif status != SIGNALLED.get(how):
-                out.append(
-                    f"{self.name} exited {status} after {how} (a clean stop: {SIGNALLED.get(how)})"
-                )
+            elif status != self.stopped_status(how):
+                expected = self.stopped_status(how)
+                out.append(f"{self.name} exited {status} after {how} (a clean stop: {expected})")
         return out
 
 
@@ -677,6 +687,9 @@ class RunnerSink(ProcSink):
     def collect(self) -> None:
         data = self.file.read_bytes() if self.file.exists() else b""
         self.book.set_handled(Counter(x for x in data.split(b"\n") if x))
+
+    def stopped_status(self, how: str) -> int | None:
+        return 0  # smartnsq.run returns after its graceful stop; the program exits 0
 
 
 class ToNsqSink(ProcSink):
