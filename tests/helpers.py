@@ -79,13 +79,15 @@ def listed_producers(lookupd_http: str, topic: str) -> list[dict[str, Any]]:
     return list(answer.get("producers") or [])
 
 
-def start_tls_cluster(ca: Any, directory: Path, *nsqd_args: str) -> Any:
+def start_tls_cluster(
+    ca: Any, directory: Path, *nsqd_args: str, names: tuple[str, ...] = ()
+) -> Any:
     """A classic cluster of one nsqd that takes only TLS on TCP (plain HTTP stays, for stats
-    and readiness checks), its certificate for 127.0.0.1 signed by the trustme ``ca``, whose
-    own certificate is written to ``directory / "ca.pem"``. The caller stops it."""
+    and readiness checks), its certificate for 127.0.0.1 (and ``names``) signed by the trustme
+    ``ca``, whose own certificate is written to ``directory / "ca.pem"``. The caller stops it."""
     from compat.cluster import Cluster
 
-    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert = ca.issue_cert("127.0.0.1", "localhost", *names)
     cert.private_key_pem.write_to_path(str(directory / "key.pem"))
     cert.cert_chain_pems[0].write_to_path(str(directory / "cert.pem"))
     ca.cert_pem.write_to_path(str(directory / "ca.pem"))

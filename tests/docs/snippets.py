@@ -2,8 +2,8 @@
 
 The convention (CONTRIBUTING.md, "Writing docs", says the same): a ```python fence is run
 unless the line right before it is ``<!-- fragment: why it cannot run -->`` (the reason is
-required: a library that is not installed, a placeholder host). Other markers, one HTML
-comment per line right before the fence (several may stack), say how it is run:
+required: a library that is not installed). Other markers, one HTML comment per line right
+before the fence (several may stack), say how it is run:
 
 * ``<!-- forever -->``: it runs until stopped (a worker, a consumer that sleeps forever). The
   test waits until a client of it is subscribed on the cluster's nsqd, then sends SIGINT; it
@@ -15,6 +15,12 @@ comment per line right before the fence (several may stack), say how it is run:
   servers are not on this machine (the only kind of skip).
 * ``<!-- youzan-ext -->``: the same, with the topics created as ext topics (JSON headers,
   tags, go-nsq compression).
+* ``<!-- tls -->``: it runs against a classic nsqd that takes only TLS (its certificate, for
+  127.0.0.1 and ``TLS_NAMES``, signed by a test CA). ``TLS_NSQD`` in it is rewritten to that
+  nsqd's TCP address and each of ``TLS_FILES`` to the test's file; ``SSL_CERT_FILE`` names
+  the test CA, standing in for the system's trust store that ``tls=True`` uses.
+* ``<!-- auth -->``: the same, with the nsqd requiring AUTH from a local auth server that
+  accepts ``AUTH_SECRET`` (also in ``NSQ_AUTH_SECRET``) for every topic.
 * ``<!-- spark -->``: it starts a local Spark session: a longer timeout, its Python workers on
   the test's interpreter (pyspark and Java 17 must be there; it fails, never skips, without
   them). Every block that uses Spark carries it: none is a fragment.
@@ -35,8 +41,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = ("README.md", "docs/**/*.md")
-MARKERS = frozenset({"fragment", "forever", "pytest", "youzan", "youzan-ext", "spark", "requeues"})
+MARKERS = frozenset(
+    {"fragment", "forever", "pytest", "youzan", "youzan-ext", "spark", "requeues", "tls", "auth"}
+)
 STANDARD = {"4150": "nsqd_tcp", "4151": "nsqd_http", "4160": "lookupd_tcp", "4161": "lookupd_http"}
+# The placeholders of the tls and auth blocks, and what the test puts in their place.
+TLS_NSQD = "nsqd.example.com:4150"
+TLS_NAMES = ("nsqd.example.com", "nsqd.internal")
+TLS_FILES = {"/etc/nsq/ca.pem": "ca", "/etc/nsq/client.pem": "cert", "/etc/nsq/client.key": "key"}
+AUTH_SECRET = "s3cret"
 
 _FENCE = re.compile(r"^(\s*)```python\s*$")
 _CLOSE = re.compile(r"^\s*```\s*$")
@@ -64,6 +77,10 @@ class Snippet:
     @property
     def youzan(self) -> bool:
         return bool(self.markers & {"youzan", "youzan-ext"})
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.markers & {"tls", "auth"})
 
     @property
     def runnable(self) -> bool:
@@ -120,3 +137,12 @@ def all_snippets(root: Path = ROOT) -> list[Snippet]:
 def rewrite(code: str, addresses: dict[str, str]) -> str:
     """The standard addresses in ``code`` replaced by ``addresses`` (keys as in STANDARD)."""
     return _ADDRESS.sub(lambda m: addresses[STANDARD[m.group(1)]], code)
+
+
+def rewrite_tls(code: str, nsqd_tcp: str, files: dict[str, str]) -> str:
+    """A tls or auth block's placeholder nsqd and files replaced (``files`` keyed as the values
+    of TLS_FILES)."""
+    code = code.replace(TLS_NSQD, nsqd_tcp)
+    for placeholder, key in TLS_FILES.items():
+        code = code.replace(placeholder, files[key])
+    return code

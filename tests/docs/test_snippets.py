@@ -4,8 +4,7 @@ Each block is one test (``path:line``), run as a subprocess with a timeout. The 
 HTML comment per line right before the fence (see tests/docs/snippets.py and
 CONTRIBUTING.md's "Writing docs"):
 
-    <!-- fragment: why --> not run, for the reason given (a library not installed, a
-                       placeholder host)
+    <!-- fragment: why --> not run, for the reason given (a library not installed)
     <!-- forever -->   runs until stopped: SIGINT once its consumer is subscribed; it must
                        then exit within STOP_TIMEOUT with status 0 or by KeyboardInterrupt;
                        under smartnsq.run / serve or a blocking Consumer's run(), with 0
@@ -13,6 +12,11 @@ CONTRIBUTING.md's "Writing docs"):
     <!-- pytest -->    a test module: run with pytest and the smartnsq plugin's servers
     <!-- youzan -->    needs a Youzan HA cluster: skipped, with the reason, without the fork
     <!-- youzan-ext --> the same, its topics created as ext topics (headers, tags, compression)
+    <!-- tls -->       runs against a classic nsqd that takes only TLS: its placeholder host
+                       and certificate files are rewritten to the real ones, and
+                       SSL_CERT_FILE names the test CA (the trust store of tls=True)
+    <!-- auth -->      the same, the nsqd requiring AUTH from a local auth server that
+                       accepts the block's secret
     <!-- spark -->     starts a local Spark session (Java 17): a longer timeout
                        (SPARK_TIMEOUT), its Python workers on this interpreter
     <!-- requeues -->  its handler fails on purpose (dead letters): requeues are expected
@@ -33,19 +37,34 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 
 from compat.cluster import Cluster
 from compat.servers import ensure_binaries
-from tests.docs.snippets import ROOT, Snippet, SnippetError, all_snippets, extract, rewrite
+from tests.docs.snippets import (
+    AUTH_SECRET,
+    ROOT,
+    TLS_FILES,
+    TLS_NAMES,
+    Snippet,
+    SnippetError,
+    all_snippets,
+    extract,
+    rewrite,
+    rewrite_tls,
+)
+from tests.helpers import start_tls_cluster
 
 RUN_TIMEOUT = 60.0  # seconds for a snippet that terminates; the longest sleeps 10 s
 SPARK_TIMEOUT = 240.0
@@ -179,11 +198,11 @@ def only_keyboard_interrupt(stderr: str) -> bool:
     )
 
 
-def run_forever(cluster: Cluster, snippet: Snippet, script: Path) -> None:
+def run_forever(cluster: Cluster, snippet: Snippet, script: Path, env: dict[str, str]) -> None:
     process = subprocess.Popen(
         [sys.executable, str(script)],
         cwd=script.parent,
-        env=environment(),
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -256,14 +275,14 @@ def spark_environment() -> dict[str, str]:
     )
 
 
-def run_once(snippet: Snippet, script: Path) -> None:
+def run_once(snippet: Snippet, script: Path, env: dict[str, str]) -> None:
     spark = "spark" in snippet.markers
     timeout = SPARK_TIMEOUT if spark else RUN_TIMEOUT
     try:
         result = subprocess.run(
             [sys.executable, str(script)],
             cwd=script.parent,
-            env=spark_environment() if spark else environment(),
+            env={**spark_environment(), **env} if spark else env,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -281,22 +300,121 @@ def run_once(snippet: Snippet, script: Path) -> None:
     )
 
 
+class _AuthHandler(BaseHTTPRequestHandler):
+    """nsqd's auth server: AUTH_SECRET may publish and subscribe everywhere, nothing else."""
+
+    def do_GET(self) -> None:
+        secret = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query).get("secret")
+        if secret != [AUTH_SECRET]:
+            self.send_response(403)
+            self.end_headers()
+            self.wfile.write(b'{"message":"bad secret"}')
+            return
+        body = {
+            "ttl": 3600,
+            "identity": "docs",
+            "identity_url": "",
+            "authorizations": [
+                {"topic": ".*", "channels": [".*"], "permissions": ["subscribe", "publish"]}
+            ],
+        }
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps(body).encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[trustme.CA, dict[str, str]]:
+    """The test CA, and the files the tls blocks' placeholders stand for (keyed as TLS_FILES)."""
+    ca = trustme.CA()
+    directory = tmp_path_factory.mktemp("docs-tls")
+    client = ca.issue_cert("client.example.com")
+    ca.cert_pem.write_to_path(str(directory / "ca.pem"))
+    client.cert_chain_pems[0].write_to_path(str(directory / "client.pem"))
+    client.private_key_pem.write_to_path(str(directory / "client.key"))
+    files = {
+        "ca": str(directory / "ca.pem"),
+        "cert": str(directory / "client.pem"),
+        "key": str(directory / "client.key"),
+    }
+    assert set(files) == set(TLS_FILES.values())
+    return ca, files
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(
+    tmp_path_factory: pytest.TempPathFactory, tls_files: tuple[trustme.CA, dict[str, str]]
+) -> Iterator[Cluster]:
+    directory = tmp_path_factory.mktemp("docs-tls-nsqd")
+    cluster: Cluster = start_tls_cluster(tls_files[0], directory, names=TLS_NAMES)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def auth_cluster(
+    tmp_path_factory: pytest.TempPathFactory, tls_files: tuple[trustme.CA, dict[str, str]]
+) -> Iterator[Cluster]:
+    server = HTTPServer(("127.0.0.1", 0), _AuthHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        directory = tmp_path_factory.mktemp("docs-auth-nsqd")
+        auth = f"--auth-http-address=127.0.0.1:{server.server_address[1]}"
+        cluster: Cluster = start_tls_cluster(tls_files[0], directory, auth, names=TLS_NAMES)
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture
 def cluster_for(request: pytest.FixtureRequest) -> Iterator[Callable[[Snippet], Cluster]]:
-    """The cluster a snippet runs on: the module's classic one, or a Youzan one."""
+    """The cluster a snippet runs on: the module's classic one, a TLS (and AUTH) one, or a
+    Youzan one."""
 
     def get(snippet: Snippet) -> Cluster:
-        kind = "youzan_cluster" if snippet.youzan else "classic_cluster"
+        if snippet.youzan:
+            kind = "youzan_cluster"
+        elif "auth" in snippet.markers:
+            kind = "auth_cluster"
+        elif "tls" in snippet.markers:
+            kind = "tls_cluster"
+        else:
+            kind = "classic_cluster"
         cluster: Cluster = request.getfixturevalue(kind)
         return cluster
 
     yield get
 
 
+def tls_environment(
+    request: pytest.FixtureRequest, snippet: Snippet, cluster: Cluster, code: str
+) -> tuple[str, dict[str, str]]:
+    """A tls or auth block's code with its placeholders rewritten, and its environment."""
+    if not snippet.tls:
+        return code, environment()
+    files: dict[str, str] = request.getfixturevalue("tls_files")[1]
+    env = environment(SSL_CERT_FILE=files["ca"], NSQ_AUTH_SECRET=AUTH_SECRET)
+    return rewrite_tls(code, cluster.nsqd[0].tcp, files), env
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("snippet", RUNNABLE, ids=[s.id for s in RUNNABLE])
 def test_snippet_runs_as_pasted(
-    snippet: Snippet, cluster_for: Callable[[Snippet], Cluster], tmp_path: Path
+    snippet: Snippet,
+    cluster_for: Callable[[Snippet], Cluster],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     if "pytest" in snippet.markers:
         script = tmp_path / "test_snippet.py"
@@ -306,15 +424,17 @@ def test_snippet_runs_as_pasted(
     cluster = cluster_for(snippet)
     youzan = snippet.youzan
     script = tmp_path / "snippet.py"
-    script.write_text(rewrite(snippet.code, addresses(cluster)))
+    code = rewrite(snippet.code, addresses(cluster))
+    code, env = tls_environment(request, snippet, cluster, code)
+    script.write_text(code)
     if not youzan:
         reset(cluster)
     try:
         (prepare_youzan if youzan else prepare_classic)(cluster, snippet)
         if "forever" in snippet.markers:
-            run_forever(cluster, snippet, script)
+            run_forever(cluster, snippet, script, env)
         else:
-            run_once(snippet, script)
+            run_once(snippet, script, env)
         if not youzan and "requeues" not in snippet.markers:
             assert_no_failed_messages(cluster, snippet)
     finally:
@@ -401,4 +521,16 @@ def test_standard_addresses_are_rewritten_and_nothing_else() -> None:
     )
     assert rewrite(code, real) == (
         '["A"] "http://D" B C 127.0.0.1:41500 227.0.0.1:4150 127.0.0.1:4152'
+    )
+
+
+def test_tls_placeholders_are_rewritten() -> None:
+    files = {"ca": "/t/ca.pem", "cert": "/t/c.pem", "key": "/t/c.key"}
+    code = (
+        'Producer(["nsqd.example.com:4150"]) cafile="/etc/nsq/ca.pem" '
+        '("/etc/nsq/client.pem", "/etc/nsq/client.key") tls_hostname="nsqd.internal"'
+    )
+    assert rewrite_tls(code, "127.0.0.1:9", files) == (
+        'Producer(["127.0.0.1:9"]) cafile="/t/ca.pem" '
+        '("/t/c.pem", "/t/c.key") tls_hostname="nsqd.internal"'
     )
