@@ -56,10 +56,18 @@ class Pacing:
         )
         state.spawn(self._end_window, step.interval, step.epoch)
 
-    def failed(self) -> None:
-        """A handler failure that counts for backoff (when it is on, and not stopping)."""
-        if self.enabled and not self.state.stopping:
-            self.result(success=False)
+    def failed(self, redelivery: bool = False) -> None:
+        """A handler failure that counts for backoff (when it is on, and not stopping).
+
+        While backing off, a redelivered message failing again says nothing new: its first
+        failure was counted. nsqd hands requeued messages out ahead of the backlog, so
+        counting them made every probe fail and kept a consumer with a few bad messages at
+        one message per window. The probe's RDY 1 stays: the next message decides."""
+        if not self.enabled or self.state.stopping:
+            return
+        if redelivery and self.backoff.level and not self.backoff.blocked:
+            return
+        self.result(success=False)
 
     async def _end_window(self, interval: float, epoch: int) -> None:
         await anyio.sleep(interval)
