@@ -14,7 +14,7 @@ import trio.testing
 
 import smartnsq.consumer.pacing as pacing_module
 from smartnsq.rdy import distribute
-from tests.consumer.test_parts import Parts
+from tests.consumer.test_parts import MID, MID2, Parts, read
 from tests.helpers import wait_until
 
 
@@ -99,3 +99,36 @@ def test_an_uneven_share_set_from_a_loop_callback_still_gets_its_look() -> None:
             tg.cancel_scope.cancel()
 
     asyncio.run(main())
+
+
+def test_a_redelivery_failing_again_while_backing_off_keeps_the_probe_open() -> None:
+    """nsqd hands requeued messages out ahead of the backlog, so a backoff probe often gets
+    one that failed before: counting its failure again made every probe fail."""
+
+    p = Parts(requeue_delay=0.2, backoff_unit=0.1, max_backoff_duration=1)
+    backoff = p.pacing.backoff
+    sub, conn = p.subscribe()
+    sub.set_rdy(50)
+    conn.on_messages(*read((MID, 1, b"fresh")))
+    p.answers.handler_failed(p.workers.queue.popleft(), RuntimeError("bad"))
+    assert (backoff.level, backoff.blocked, sub.rdy) == (1, True, 0)
+    assert backoff.window_over(backoff.epoch)  # the window ran out: the probe's RDY 1
+    sub.set_rdy(1)
+    conn.on_messages(*read((MID, 2, b"fresh")))
+    p.answers.handler_failed(p.workers.queue.popleft(), RuntimeError("bad"))
+    assert (backoff.level, backoff.blocked, sub.rdy) == (1, False, 1)  # the next one decides
+    conn.on_messages(*read((MID2, 1, b"another")))
+    p.answers.handler_failed(p.workers.queue.popleft(), RuntimeError("bad"))
+    assert (backoff.level, backoff.blocked, sub.rdy) == (2, True, 0)  # a new failure counts
+
+
+def test_a_redelivery_failing_starts_a_backoff() -> None:
+    """Not backing off, any failure starts one: a queue of nothing but redeliveries that
+    keep failing is still slowed down."""
+
+    p = Parts(requeue_delay=0.2)
+    sub, conn = p.subscribe()
+    sub.set_rdy(50)
+    conn.on_messages(*read((MID, 3, b"again")))
+    p.answers.handler_failed(p.workers.queue.popleft(), RuntimeError("bad"))
+    assert (p.pacing.backoff.level, sub.rdy) == (1, 0)
