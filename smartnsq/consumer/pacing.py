@@ -87,8 +87,15 @@ class Pacing:
             received = sub.received
             sub.set_rdy(1)
             await anyio.sleep(PROBE_MOVE)
-            if sub.received != received or backoff.epoch != epoch or not backoff.level:
-                return  # a message came: its result decides
+            while sub.in_flight and sub.conn.usable and backoff.epoch == epoch and backoff.level:
+                await anyio.sleep(PROBE_MOVE)  # still handled: its result may decide
+            if backoff.epoch != epoch or not backoff.level or state.stopping:
+                return  # a result decided
+            if sub.received != received:
+                # Answered without deciding (given up, or a redelivery failing again): the
+                # probe goes on here. Returning left the backoff with nothing to end it.
+                turn -= 1
+                continue
             sub.set_rdy(0)
 
     def redistribute(self) -> bool:

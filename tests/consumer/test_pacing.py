@@ -132,3 +132,28 @@ def test_a_redelivery_failing_starts_a_backoff() -> None:
     conn.on_messages(*read((MID, 3, b"again")))
     p.answers.handler_failed(p.workers.queue.popleft(), RuntimeError("bad"))
     assert (p.pacing.backoff.level, sub.rdy) == (1, 0)
+
+
+def test_a_probe_answered_without_a_result_moves_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's message was given up (past max_attempts: no result) and the backlog waited
+    on the other nsqd, at RDY 0: the probe had ended, and nothing ever ended the backoff."""
+    monkeypatch.setattr(pacing_module.random, "randrange", lambda n: 0)  # n1 first
+    p = Parts(max_attempts=1, backoff_unit=0.01, max_backoff_duration=0.05)
+    (s1, c1), (s2, c2) = p.subscribe("n1:4150"), p.subscribe("n2:4150")
+    s1.set_rdy(1)
+    c1.on_messages(*read((MID, 1, b"bad")))
+    p.answers.handler_failed(p.workers.queue.popleft(), RuntimeError("bad"))
+    backoff = p.pacing.backoff
+    assert (backoff.level, s1.rdy, s2.rdy) == (1, 0, 0)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(p.pacing._end_window, 0, backoff.epoch)
+            await wait_until(lambda: s1.rdy == 1, 5, "the probe on n1")
+            c1.on_messages(*read((MID, 2, b"bad")))  # given up: FIN, and no result
+            await wait_until(lambda: s2.rdy == 1, 5, "the probe moved on to n2")
+            c2.on_messages(*read((MID2, 1, b"good")))
+            p.workers.queue.popleft().finish()
+            await wait_until(lambda: backoff.level == 0, 5, "the backoff over")
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
