@@ -80,8 +80,13 @@ class Pacing:
         turn = random.randrange(1 << 16)
         while not state.stopping and state.max_in_flight and backoff.epoch == epoch:
             subs = state.usable()
-            if not backoff.level or not subs:
-                return  # resumed (RESUME redistributed), or nobody to ask
+            if not backoff.level:
+                return  # resumed (RESUME redistributed)
+            if not subs:
+                # Nobody to ask until a connection is back: returning left the level up
+                # with nothing to end it (a subscription's RDY waits for the backoff).
+                await anyio.sleep(PROBE_MOVE)
+                continue
             sub = subs[turn % len(subs)]
             turn += 1
             received = sub.received

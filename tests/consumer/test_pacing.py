@@ -157,3 +157,27 @@ def test_a_probe_answered_without_a_result_moves_on(monkeypatch: pytest.MonkeyPa
             await wait_until(lambda: backoff.level == 0, 5, "the backoff over")
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_window_ending_with_no_connection_probes_once_one_is_back() -> None:
+    """Every connection was down when a backoff window ended: the probe gave up, and the
+    level stayed up with nothing to end it (a consumer at RDY 0 once they were back)."""
+    p = Parts(backoff_unit=0.01, max_backoff_duration=0.05)
+    sub, conn = p.subscribe("n1:4150")
+    sub.set_rdy(1)
+    conn.on_messages(*read((MID, 1, b"bad")))
+    p.answers.handler_failed(p.workers.queue.popleft(), RuntimeError("bad"))
+    backoff = p.pacing.backoff
+    conn.usable = False
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(p.pacing._end_window, 0, backoff.epoch)
+            await trio.sleep(10)  # down for a while (a mock clock: no real time)
+            conn.usable = True
+            await wait_until(lambda: sub.rdy == 1, 5, "the probe once the connection is back")
+            conn.on_messages(*read((MID2, 1, b"good")))
+            p.workers.queue.popleft().finish()
+            await wait_until(lambda: backoff.level == 0, 5, "the backoff over")
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
