@@ -1168,3 +1168,38 @@ def test_backoff_windows_during_a_stream_end_for_the_blocking_consumer(classic_c
         except AssertionError as exc:
             state = (summary(nsqd.http, topic, ch), consumer.stats())
             raise AssertionError(f"{exc}: {state}") from None
+
+
+@asyncio_only
+async def test_a_lookupd_that_lists_nothing_yet_keeps_working_connections(
+    classic_cluster, anyio_backend
+):
+    """A lookupd just restarted lists no nsqd until they register again: the consumer
+    disconnected from every nsqd it had (24 s without messages in the fault campaign)."""
+    from tests.helpers import fake_api, json_body
+
+    nsqd = classic_cluster.nsqd[0]
+    topic, ch = unique("relisted"), "c"
+    create_channel(nsqd.http, topic, ch)
+    host, port = nsqd.tcp.rsplit(":", 1)
+    http_port = int(nsqd.http.rsplit(":", 1)[1])
+    listed = json_body(
+        {"producers": [{"broadcast_address": host, "tcp_port": int(port), "http_port": http_port}]}
+    )
+    handled: list[bytes] = []
+
+    async def handler(message):
+        handled.append(message.body)
+
+    async with fake_api() as lookupd:
+        lookupd.routes["/lookup"] = listed
+        async with Consumer(
+            topic, ch, handler, lookupd_http_addresses=[lookupd.url], lookupd_poll_interval=0.2
+        ) as c:
+            await wait_until(lambda: c.stats().connections == 1, 10, "connected through lookupd")
+            lookupd.routes["/lookup"] = json_body({"producers": []})  # restarted: empty
+            polls = len(lookupd.calls("/lookup"))
+            await wait_until(lambda: len(lookupd.calls("/lookup")) >= polls + 3, 10, "polls")
+            await publish(nsqd.tcp, topic, [b"still here"])
+            await wait_until(lambda: handled == [b"still here"], 10, "the message handled")
+            assert c.stats().connections == 1
