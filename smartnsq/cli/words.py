@@ -104,6 +104,21 @@ def _convert(flag: str, name: str, default: Any, value: str) -> Any:
         raise click.BadParameter(f"{name}={value}: {message}", param_hint=flag) from None
 
 
+_SAMPLES: dict[str, Any] = {"bool": False, "float": 0.0, "int": 0, "str": ""}
+
+
+def _sample(p: inspect.Parameter) -> Any:
+    """A value of the type the keyword takes: its default, or for a None default one made
+    from its annotation (``msg_timeout: float | None = None`` takes ``3s`` as 3.0)."""
+    if p.default is not None:
+        return p.default
+    text = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
+    names = {part.strip() for part in str(text).split("|")} - {"None"}
+    if names == {"float", "int"}:
+        return 0.0
+    return _SAMPLES.get(names.pop()) if len(names) == 1 else None
+
+
 def pass_through(
     flag: str, pairs: Sequence[str], target: Callable[..., Any], reserved: Mapping[str, str]
 ) -> dict[str, Any]:
@@ -112,7 +127,7 @@ def pass_through(
     ``reserved`` maps the keywords the command's own flags set to those flags: refused here.
     """
     params = {
-        name: p.default
+        name: _sample(p)
         for name, p in inspect.signature(target).parameters.items()
         if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
     }

@@ -166,7 +166,7 @@ class Answers:
         else:
             self.requeued += 1
         if backoff:
-            self.pacing.failed()
+            self.pacing.failed(redelivery=msg.attempts > 1)
 
     def not_counted(self, msg: Message) -> None:
         """Remember that the FIN of ``msg`` was not counted as finished."""

@@ -439,6 +439,12 @@ class Nodes:
             self.want(target)
         for target in list(self.wanted):
             if target not in found and target[0] not in options.direct:
+                sub = self.state.subs.get(target)
+                if not found and target[1] is None and sub is not None and sub.conn.usable:
+                    # An answer with no nsqd at all is most likely a lookupd just restarted
+                    # that none has registered with yet: working connections stay (as in
+                    # go-nsq); one nsqd left out of a list of others (a tombstone) goes.
+                    continue
                 log.info(
                     "nsqd %s no longer listed for %s; disconnecting",
                     target_name(target),

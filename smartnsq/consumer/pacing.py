@@ -56,10 +56,18 @@ class Pacing:
         )
         state.spawn(self._end_window, step.interval, step.epoch)
 
-    def failed(self) -> None:
-        """A handler failure that counts for backoff (when it is on, and not stopping)."""
-        if self.enabled and not self.state.stopping:
-            self.result(success=False)
+    def failed(self, redelivery: bool = False) -> None:
+        """A handler failure that counts for backoff (when it is on, and not stopping).
+
+        While backing off, a redelivered message failing again says nothing new: its first
+        failure was counted. nsqd hands requeued messages out ahead of the backlog, so
+        counting them made every probe fail and kept a consumer with a few bad messages at
+        one message per window. The probe's RDY 1 stays: the next message decides."""
+        if not self.enabled or self.state.stopping:
+            return
+        if redelivery and self.backoff.level and not self.backoff.blocked:
+            return
+        self.result(success=False)
 
     async def _end_window(self, interval: float, epoch: int) -> None:
         await anyio.sleep(interval)
@@ -72,15 +80,27 @@ class Pacing:
         turn = random.randrange(1 << 16)
         while not state.stopping and state.max_in_flight and backoff.epoch == epoch:
             subs = state.usable()
-            if not backoff.level or not subs:
-                return  # resumed (RESUME redistributed), or nobody to ask
+            if not backoff.level:
+                return  # resumed (RESUME redistributed)
+            if not subs:
+                # Nobody to ask until a connection is back: returning left the level up
+                # with nothing to end it (a subscription's RDY waits for the backoff).
+                await anyio.sleep(PROBE_MOVE)
+                continue
             sub = subs[turn % len(subs)]
             turn += 1
             received = sub.received
             sub.set_rdy(1)
             await anyio.sleep(PROBE_MOVE)
-            if sub.received != received or backoff.epoch != epoch or not backoff.level:
-                return  # a message came: its result decides
+            while sub.in_flight and sub.conn.usable and backoff.epoch == epoch and backoff.level:
+                await anyio.sleep(PROBE_MOVE)  # still handled: its result may decide
+            if backoff.epoch != epoch or not backoff.level or state.stopping:
+                return  # a result decided
+            if sub.received != received:
+                # Answered without deciding (given up, or a redelivery failing again): the
+                # probe goes on here. Returning left the backoff with nothing to end it.
+                turn -= 1
+                continue
             sub.set_rdy(0)
 
     def redistribute(self) -> bool:

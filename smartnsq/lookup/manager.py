@@ -477,12 +477,15 @@ class LookupManager:
         if entry is not None and time.monotonic() - entry[0] < self.min_refresh_interval:
             return entry[2]
         pending = self._pending.get(key)
-        if pending is not None:
+        while pending is not None:
             await pending.done.wait()
             if pending.error is not None:
                 raise pending.error
-            assert pending.layout is not None
-            return pending.layout
+            if pending.layout is not None:
+                return pending.layout
+            # The caller that looked up was cancelled before an answer: look up here (or
+            # share the refresh another follower has started meanwhile).
+            pending = self._pending.get(key)
         pending = self._pending[key] = _Pending()
         try:
             pending.layout = await self.lookup(topic, access)

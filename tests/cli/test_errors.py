@@ -96,3 +96,23 @@ def test_without_the_extra_the_command_says_what_to_install():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, check=False)
     one_line_error(result, "pip install 'smartnsq[cli]'")
+
+
+def test_a_duration_for_a_keyword_whose_default_is_none_is_parsed():
+    """``msg_timeout`` defaults to None: its ``3s`` was passed on as text, and refused by
+    the Consumer as "must be a number, not str"."""
+    from smartnsq import Consumer
+    from smartnsq.cli.words import pass_through
+
+    opts = ["msg_timeout=3s", "heartbeat_interval=1500ms", "client_id=42"]
+    assert pass_through("--consumer-opt", opts, Consumer, {}) == {
+        "msg_timeout": 3.0,
+        "heartbeat_interval": 1.5,
+        "client_id": "42",
+    }
+
+
+def test_a_bad_consumer_opt_is_refused_before_any_nsqd_is_contacted():
+    result = run_cli("tail", "--nsqd", NOWHERE, "--consumer-opt", "msg_timeout=soon", "t")
+    line = one_line_error(result, "msg_timeout=soon")
+    assert "cannot reach" not in line

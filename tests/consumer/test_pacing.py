@@ -14,7 +14,7 @@ import trio.testing
 
 import smartnsq.consumer.pacing as pacing_module
 from smartnsq.rdy import distribute
-from tests.consumer.test_parts import Parts
+from tests.consumer.test_parts import MID, MID2, Parts, read
 from tests.helpers import wait_until
 
 
@@ -99,3 +99,85 @@ def test_an_uneven_share_set_from_a_loop_callback_still_gets_its_look() -> None:
             tg.cancel_scope.cancel()
 
     asyncio.run(main())
+
+
+def test_a_redelivery_failing_again_while_backing_off_keeps_the_probe_open() -> None:
+    """nsqd hands requeued messages out ahead of the backlog, so a backoff probe often gets
+    one that failed before: counting its failure again made every probe fail."""
+
+    p = Parts(requeue_delay=0.2, backoff_unit=0.1, max_backoff_duration=1)
+    backoff = p.pacing.backoff
+    sub, conn = p.subscribe()
+    sub.set_rdy(50)
+    conn.on_messages(*read((MID, 1, b"fresh")))
+    p.answers.handler_failed(p.workers.queue.popleft(), RuntimeError("bad"))
+    assert (backoff.level, backoff.blocked, sub.rdy) == (1, True, 0)
+    assert backoff.window_over(backoff.epoch)  # the window ran out: the probe's RDY 1
+    sub.set_rdy(1)
+    conn.on_messages(*read((MID, 2, b"fresh")))
+    p.answers.handler_failed(p.workers.queue.popleft(), RuntimeError("bad"))
+    assert (backoff.level, backoff.blocked, sub.rdy) == (1, False, 1)  # the next one decides
+    conn.on_messages(*read((MID2, 1, b"another")))
+    p.answers.handler_failed(p.workers.queue.popleft(), RuntimeError("bad"))
+    assert (backoff.level, backoff.blocked, sub.rdy) == (2, True, 0)  # a new failure counts
+
+
+def test_a_redelivery_failing_starts_a_backoff() -> None:
+    """Not backing off, any failure starts one: a queue of nothing but redeliveries that
+    keep failing is still slowed down."""
+
+    p = Parts(requeue_delay=0.2)
+    sub, conn = p.subscribe()
+    sub.set_rdy(50)
+    conn.on_messages(*read((MID, 3, b"again")))
+    p.answers.handler_failed(p.workers.queue.popleft(), RuntimeError("bad"))
+    assert (p.pacing.backoff.level, sub.rdy) == (1, 0)
+
+
+def test_a_probe_answered_without_a_result_moves_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's message was given up (past max_attempts: no result) and the backlog waited
+    on the other nsqd, at RDY 0: the probe had ended, and nothing ever ended the backoff."""
+    monkeypatch.setattr(pacing_module.random, "randrange", lambda n: 0)  # n1 first
+    p = Parts(max_attempts=1, backoff_unit=0.01, max_backoff_duration=0.05)
+    (s1, c1), (s2, c2) = p.subscribe("n1:4150"), p.subscribe("n2:4150")
+    s1.set_rdy(1)
+    c1.on_messages(*read((MID, 1, b"bad")))
+    p.answers.handler_failed(p.workers.queue.popleft(), RuntimeError("bad"))
+    backoff = p.pacing.backoff
+    assert (backoff.level, s1.rdy, s2.rdy) == (1, 0, 0)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(p.pacing._end_window, 0, backoff.epoch)
+            await wait_until(lambda: s1.rdy == 1, 5, "the probe on n1")
+            c1.on_messages(*read((MID, 2, b"bad")))  # given up: FIN, and no result
+            await wait_until(lambda: s2.rdy == 1, 5, "the probe moved on to n2")
+            c2.on_messages(*read((MID2, 1, b"good")))
+            p.workers.queue.popleft().finish()
+            await wait_until(lambda: backoff.level == 0, 5, "the backoff over")
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_window_ending_with_no_connection_probes_once_one_is_back() -> None:
+    """Every connection was down when a backoff window ended: the probe gave up, and the
+    level stayed up with nothing to end it (a consumer at RDY 0 once they were back)."""
+    p = Parts(backoff_unit=0.01, max_backoff_duration=0.05)
+    sub, conn = p.subscribe("n1:4150")
+    sub.set_rdy(1)
+    conn.on_messages(*read((MID, 1, b"bad")))
+    p.answers.handler_failed(p.workers.queue.popleft(), RuntimeError("bad"))
+    backoff = p.pacing.backoff
+    conn.usable = False
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(p.pacing._end_window, 0, backoff.epoch)
+            await trio.sleep(10)  # down for a while (a mock clock: no real time)
+            conn.usable = True
+            await wait_until(lambda: sub.rdy == 1, 5, "the probe once the connection is back")
+            conn.on_messages(*read((MID2, 1, b"good")))
+            p.workers.queue.popleft().finish()
+            await wait_until(lambda: backoff.level == 0, 5, "the backoff over")
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

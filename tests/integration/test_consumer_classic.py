@@ -27,6 +27,7 @@ from tests.helpers import (
     http_json,
     listed_producers,
     unique,
+    wait_for,
     wait_until,
 )
 
@@ -1059,3 +1060,146 @@ async def test_stats_count_what_nsqd_accepted(classic_cluster, anyio_backend):
         assert len(again) == 2
         stats = c.stats()
         assert (stats.finished, stats.requeued, stats.refused) == (2, 0, 2)
+
+
+# A steady stream with a few failures: every backoff window must end and RDY come back.
+# The fault campaign found the consumer stuck at RDY 0 with ~1,100 messages waiting.
+
+STREAM = 2000  # bodies published at about 200/s
+BAD_EVERY = 20  # 5 % of them fail every time
+
+
+def _stream_bodies() -> list[bytes]:
+    return [b"%d" % i for i in range(STREAM)]
+
+
+def _bad(body: bytes) -> bool:
+    return int(body) % BAD_EVERY == 0
+
+
+async def _publish_stream(tcp: str, topic: str) -> None:
+    bodies = _stream_bodies()
+    async with Producer([tcp]) as producer:
+        for i in range(0, STREAM, 20):
+            await producer.publish_many(topic, bodies[i : i + 20])
+            await anyio.sleep(0.1)
+
+
+STREAM_OPTIONS: dict[str, Any] = {
+    "max_in_flight": 50,
+    "max_attempts": 2,
+    "requeue_delay": 0.2,
+    "backoff_unit": 0.1,
+    "max_backoff_duration": 1,
+}
+
+
+@asyncio_only
+async def test_backoff_windows_during_a_stream_end_and_restore_rdy(classic_cluster, anyio_backend):
+    """nsqd hands requeued messages out ahead of the backlog: when their failing again
+    counted, every probe failed and the consumer crawled at one message per window."""
+    nsqd = classic_cluster.nsqd[0]
+    topic, ch = unique("stream"), "c"
+    create_channel(nsqd.http, topic, ch)
+    good = {b for b in _stream_bodies() if not _bad(b)}
+    handled: set[bytes] = set()
+
+    async def handler(message):
+        if _bad(message.body):
+            raise RuntimeError("simulated failure")
+        handled.add(message.body)
+
+    async with Consumer(topic, ch, handler, nsqd_tcp_addresses=[nsqd.tcp], **STREAM_OPTIONS) as c:
+        await _publish_stream(nsqd.tcp, topic)
+        await wait_until(
+            lambda: handled >= good,
+            30,
+            "every good message handled",
+            lambda: (len(handled), summary(nsqd.http, topic, ch), c.stats()),
+        )
+        # Idle, a backoff may wait at RDY 1 for a message to decide it: a good one ends it.
+        await publish(nsqd.tcp, topic, [b"%d" % i for i in range(1, 11)])
+        await wait_until(
+            lambda: ready_count(nsqd.http, topic, ch) == 50 and c.stats().backoff_level == 0,
+            10,
+            "RDY 50 again",
+            lambda: (summary(nsqd.http, topic, ch), c.stats()),
+        )
+
+
+def test_backoff_windows_during_a_stream_end_for_the_blocking_consumer(classic_cluster):
+    """The same stream through the blocking consumer and a ``def`` handler."""
+    from smartnsq import sync as nsq_sync
+
+    nsqd = classic_cluster.nsqd[0]
+    topic, ch = unique("stream"), "c"
+    create_channel(nsqd.http, topic, ch)
+    good = {b for b in _stream_bodies() if not _bad(b)}
+    handled: set[bytes] = set()
+
+    def handler(message):
+        if _bad(message.body):
+            raise RuntimeError("simulated failure")
+        handled.add(message.body)
+
+    bodies = _stream_bodies()
+    consumer = nsq_sync.Consumer(
+        topic, ch, handler, nsqd_tcp_addresses=[nsqd.tcp], **STREAM_OPTIONS
+    )
+    with consumer, nsq_sync.Producer([nsqd.tcp]) as producer:
+        for i in range(0, STREAM, 20):
+            producer.publish_many(topic, bodies[i : i + 20])
+            time.sleep(0.1)  # the publishing rate, not a wait for a condition
+        wait_for(
+            lambda: handled >= good,
+            30,
+            "every good message handled",
+        )
+        # Idle, a backoff may wait at RDY 1 for a message to decide it: a good one ends it.
+        producer.publish_many(topic, [b"%d" % i for i in range(1, 11)])
+        try:
+            wait_for(
+                lambda: (
+                    ready_count(nsqd.http, topic, ch) == 50 and consumer.stats().backoff_level == 0
+                ),
+                10,
+                "RDY 50 again",
+            )
+        except AssertionError as exc:
+            state = (summary(nsqd.http, topic, ch), consumer.stats())
+            raise AssertionError(f"{exc}: {state}") from None
+
+
+@asyncio_only
+async def test_a_lookupd_that_lists_nothing_yet_keeps_working_connections(
+    classic_cluster, anyio_backend
+):
+    """A lookupd just restarted lists no nsqd until they register again: the consumer
+    disconnected from every nsqd it had (24 s without messages in the fault campaign)."""
+    from tests.helpers import fake_api, json_body
+
+    nsqd = classic_cluster.nsqd[0]
+    topic, ch = unique("relisted"), "c"
+    create_channel(nsqd.http, topic, ch)
+    host, port = nsqd.tcp.rsplit(":", 1)
+    http_port = int(nsqd.http.rsplit(":", 1)[1])
+    listed = json_body(
+        {"producers": [{"broadcast_address": host, "tcp_port": int(port), "http_port": http_port}]}
+    )
+    handled: list[bytes] = []
+
+    async def handler(message):
+        handled.append(message.body)
+
+    async with fake_api() as lookupd:
+        lookupd.routes["/lookup"] = listed
+        async with Consumer(
+            topic, ch, handler, lookupd_http_addresses=[lookupd.url], lookupd_poll_interval=0.2
+        ) as c:
+            await wait_until(lambda: c.stats().connections == 1, 10, "connected through lookupd")
+            lookupd.routes["/lookup"] = json_body({"producers": []})  # restarted: empty
+            polls = len(lookupd.calls("/lookup"))
+            await wait_until(lambda: len(lookupd.calls("/lookup")) >= polls + 3, 10, "polls")
+            await publish(nsqd.tcp, topic, [b"still here"])
+            await wait_until(lambda: handled == [b"still here"], 10, "the message handled")
+            assert c.stats().connections == 1

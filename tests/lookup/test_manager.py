@@ -369,3 +369,34 @@ async def test_a_slow_nodes_answer_costs_the_grace_not_the_timeout(
         assert lm.every_topic_at_once  # late is not a refusal: still one request a round
     assert [n.broadcast_address for n in found["t"]] == ["10.0.0.2"]
     assert len(a.calls("/nodes")) == 1
+
+
+async def test_a_cancelled_refresh_leaves_its_followers_an_answer(
+    lookupds: tuple[FakeApi, FakeApi, FakeApi],
+) -> None:
+    """The caller whose refresh others share is cancelled (its publish timed out, say): the
+    others woke with neither a layout nor an error, and publish() raised a bare
+    AssertionError. They look up themselves instead."""
+    a, _, _ = lookupds
+    a.routes["/listlookup"] = NO_LISTLOOKUP
+    a.routes["/lookup"] = later(0.3, producers("10.0.0.1"))
+    async with LookupManager([a.url]) as lm:
+        await lm.discover()
+        layouts = []
+
+        async def follow() -> None:
+            layouts.append(await lm.refresh("t", "w"))
+
+        leader = anyio.CancelScope()
+
+        async def lead() -> None:
+            with leader:
+                await lm.refresh("t", "w")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lead)
+            await anyio.wait_all_tasks_blocked()  # the leader waits for the slow lookupd
+            tg.start_soon(follow)
+            await anyio.wait_all_tasks_blocked()  # the follower waits for the leader's answer
+            leader.cancel()
+        assert [[n.broadcast_address for n in x.producers] for x in layouts] == [["10.0.0.1"]]
