@@ -80,6 +80,12 @@ _PRODUCER_RESERVED = {
     "with --limit not reached, the exit status is 1.",
 )
 @click.option(
+    "--give-up-after",
+    metavar="DURATION",
+    help="Stop (status 1) once copies have failed for DURATION with none copied in between "
+    "(default 60s; 0: never, as nsq_to_nsq).",
+)
+@click.option(
     "--key-header",
     metavar="NAME",
     help="Youzan: the sharding key of each copy is this header of the message.",
@@ -110,6 +116,7 @@ def command(
     rate: float | None,
     limit: int | None,
     idle_timeout: str | None,
+    give_up_after: str | None,
     key_header: str | None,
     same_partition: bool,
     max_in_flight: int,
@@ -147,6 +154,10 @@ def command(
         raise click.UsageError(f"--idle-timeout: {exc.message}") from None
     if idle is None and limit is not None:
         idle = DEFAULT_IDLE
+    try:
+        give_up = parse_duration(give_up_after) if give_up_after is not None else None
+    except click.BadParameter as exc:
+        raise click.UsageError(f"--give-up-after: {exc.message}") from None
     client = options.client_options()
     consumer_extra = pass_through("--consumer-opt", consumer_opts, Consumer, RESERVED)
     # A copy tool never gives a message up uncopied: no attempt limit, unless the messages
@@ -176,6 +187,8 @@ def command(
     )
     copier = _Copier(producer, targets, options, rate, limit, key_header, same_partition, idle)
     copier.json_filter = json_filter
+    if give_up is not None:
+        copier.give_up_after = give_up or None
 
     def make(topic: str) -> Consumer:
         return Consumer(
@@ -193,9 +206,12 @@ def command(
 
 
 DEFAULT_IDLE = 10.0
-# Copies failing one after another (none copied in between) mean the destination is not
-# taking messages: stop, the messages left in the source, rather than retry forever.
+# Copies failing one after another for a while (none copied in between) mean the destination
+# is not taking messages: stop, the messages left in the source, rather than retry for ever.
+# A time as well as a count: 200 copies in flight fail within a millisecond of an nsqd
+# restart that is over in seconds.
 MAX_FAILED_IN_A_ROW = 5
+DEFAULT_GIVE_UP_AFTER = 60.0
 
 
 class _Copier:
@@ -228,6 +244,8 @@ class _Copier:
         self.busy = 0  # handlers running
         self.last_seen = 0.0
         self.failed_in_a_row = 0
+        self.failing_since = 0.0  # when the copies began failing in a row
+        self.give_up_after: float | None = DEFAULT_GIVE_UP_AFTER
         self.keep_ext = True  # headers and trace ids, until the destination refuses them
         self.runner: TopicRunner | None = None
         self.progress: PubProgress | None = None
@@ -243,6 +261,8 @@ class _Copier:
         async with anyio.create_task_group() as tg:
             if self.idle is not None:
                 tg.start_soon(self._watch_idle, self.runner, self.idle)
+            if self.give_up_after is not None:
+                tg.start_soon(self._watch_failing, self.give_up_after)
             # Entered out here, outside the runner's cancel scope, so that a stop does not
             # cancel the producer's connections under the handlers still finishing.
             await self.producer.__aenter__()
@@ -269,6 +289,19 @@ class _Copier:
                 f"copied {self.tally.published} of --limit {self.limit} messages: {why}"
             )
         runner.stop()
+
+    async def _watch_failing(self, after: float) -> None:
+        # Failed copies are requeued with a delay: no copy may fail again for a while, so
+        # the time is watched here, not only when a copy fails.
+        while True:
+            await anyio.sleep(min(1.0, after / 4))
+            failing_for = anyio.current_time() - self.failing_since
+            if self.failed_in_a_row >= MAX_FAILED_IN_A_ROW and failing_for >= after:
+                self._give_up(
+                    f"{self.failed_in_a_row} copies to {self.target} failed in a row over "
+                    f"{failing_for:.0f}s (last: {self.last_error})"
+                )
+                return
 
     def _give_up(self, reason: str) -> None:
         self.verdict.fail(
@@ -358,17 +391,14 @@ class _Copier:
         except NSQError as exc:
             # Not copied: back to the channel (with the consumer's backoff), copied later.
             self.tally.failed += 1
+            if not self.failed_in_a_row:
+                self.failing_since = anyio.current_time()
             self.failed_in_a_row += 1
             self.taken -= 1
             self.last_error = flag_words(str(exc))
             message.requeue()
             if isinstance(exc, TopicNotFound | TopicNotExist):
                 self._give_up(f"destination topic {target!r} does not exist: {exc}")
-            elif self.failed_in_a_row >= MAX_FAILED_IN_A_ROW:
-                self._give_up(
-                    f"{self.failed_in_a_row} copies to {target} failed in a row "
-                    f"(last: {self.last_error})"
-                )
             elif self.tally.failed == 1 or self.options.verbose:
                 log.warning("%s: copy failed, message requeued: %s", target, exc)
             return False

@@ -35,7 +35,7 @@ def test_to_nsq_replays_a_topic_and_finishes_only_copied_messages(classic_cluste
     # copies failing again and again end the command with status 1 and the reason.
     down = run_cli(
         "to-nsq", src, "--nsqd", nsqd.tcp, "--channel", "replay", "--to", dst,
-        "--to-nsqd", NOWHERE, "--json", "--producer-opt", "timeout=1",
+        "--to-nsqd", NOWHERE, "--json", "--producer-opt", "timeout=1", "--give-up-after", "2s",
     )  # fmt: skip
     assert down.returncode == 1, down.stderr
     err = down.stderr.decode()
@@ -210,3 +210,33 @@ def test_ctrl_c_with_the_destination_stopped_is_bounded(cluster_factory, second)
 
     remaining = wait_for(lambda: left() is not None and (left(),), timeout=20, what="settled")
     assert remaining[0] + _copied(dst.http, topic) >= total
+
+
+def test_a_destination_away_for_seconds_does_not_end_the_copy(cluster_factory):
+    # The copies in flight all fail within a moment of the destination going away: an
+    # outage that is over in seconds must not end the command (the campaign's seed 45, an
+    # nsqd restarted).
+    source = cluster_factory(nsqd=1)
+    destination = cluster_factory(nsqd=1)
+    src, dst = source.nsqd[0], destination.nsqd[0]
+    topic = unique("cli_restart")
+    create_channel(src.http, topic, "copy")
+    total = 2000
+    bodies = [f"r{i}" for i in range(total)]
+    assert run_cli("pub", "--nsqd", src.tcp, topic, input=lines_of(*bodies)).returncode == 0
+    proc = spawn_cli(
+        "to-nsq", topic, "--nsqd", src.tcp, "--channel", "copy", "--to-nsqd", dst.tcp,
+        "--rate", "400", "--limit", str(total), "--json", "--producer-opt", "timeout=0.5",
+        "--consumer-opt", "requeue_delay=1",
+    )  # fmt: skip
+    wait_for(lambda: _copied(dst.http, topic) >= 100, what="100 copied")
+    os.kill(dst.pid, signal.SIGSTOP)  # the destination stops answering for a while
+    try:
+        time.sleep(2.0)  # the scenario: an outage much shorter than --give-up-after
+    finally:
+        os.kill(dst.pid, signal.SIGCONT)
+    status = wait_exit(proc, timeout=120)
+    assert status == 0, proc.stderr.read()  # type: ignore[union-attr]
+    summary = json.loads(proc.stdout.read())  # type: ignore[union-attr]
+    assert summary["published"] == total and summary["failed_attempts"] > 0, summary
+    assert _copied(dst.http, topic) >= total
