@@ -459,3 +459,41 @@ class Flood:
             else:
                 await stream.send(piece)
             self.sent += len(piece)
+
+
+@contextmanager
+def serve_auth(secret: str, topics: str = ".*", identity: str = "tester") -> Iterator[str]:
+    """A local nsqd auth server (``--auth-http-address``): ``secret`` may publish and subscribe
+    on the topics matching ``topics``; any other secret gets 403. Yields its address."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+            if query.get("secret") != [secret]:
+                self.send_response(403)
+                self.end_headers()
+                self.wfile.write(b'{"message":"bad secret"}')
+                return
+            body = {
+                "ttl": 3600,
+                "identity": identity,
+                "identity_url": "",
+                "authorizations": [
+                    {"topic": topics, "channels": [".*"], "permissions": ["subscribe", "publish"]}
+                ],
+            }
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(json.dumps(body).encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -37,13 +37,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +62,7 @@ from tests.docs.snippets import (
     rewrite,
     rewrite_tls,
 )
-from tests.helpers import start_tls_cluster
+from tests.helpers import serve_auth, start_tls_cluster
 
 RUN_TIMEOUT = 60.0  # seconds for a snippet that terminates; the longest sleeps 10 s
 SPARK_TIMEOUT = 240.0
@@ -300,33 +298,6 @@ def run_once(snippet: Snippet, script: Path, env: dict[str, str]) -> None:
     )
 
 
-class _AuthHandler(BaseHTTPRequestHandler):
-    """nsqd's auth server: AUTH_SECRET may publish and subscribe everywhere, nothing else."""
-
-    def do_GET(self) -> None:
-        secret = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query).get("secret")
-        if secret != [AUTH_SECRET]:
-            self.send_response(403)
-            self.end_headers()
-            self.wfile.write(b'{"message":"bad secret"}')
-            return
-        body = {
-            "ttl": 3600,
-            "identity": "docs",
-            "identity_url": "",
-            "authorizations": [
-                {"topic": ".*", "channels": [".*"], "permissions": ["subscribe", "publish"]}
-            ],
-        }
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(json.dumps(body).encode())
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[trustme.CA, dict[str, str]]:
     """The test CA, and the files the tls blocks' placeholders stand for (keyed as TLS_FILES)."""
@@ -361,20 +332,14 @@ def tls_cluster(
 def auth_cluster(
     tmp_path_factory: pytest.TempPathFactory, tls_files: tuple[trustme.CA, dict[str, str]]
 ) -> Iterator[Cluster]:
-    server = HTTPServer(("127.0.0.1", 0), _AuthHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serve_auth(AUTH_SECRET, identity="docs") as address:
         directory = tmp_path_factory.mktemp("docs-auth-nsqd")
-        auth = f"--auth-http-address=127.0.0.1:{server.server_address[1]}"
+        auth = f"--auth-http-address={address}"
         cluster: Cluster = start_tls_cluster(tls_files[0], directory, auth, names=TLS_NAMES)
         try:
             yield cluster
         finally:
             cluster.stop()
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import ssl
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from urllib.parse import parse_qs, urlparse
 
 import anyio
 import pytest
@@ -34,6 +31,7 @@ from tests.helpers import (
     drain,
     http_json,
     lookupds,
+    serve_auth,
     start_tls_cluster,
     topic_stats,
     unique,
@@ -222,41 +220,10 @@ async def test_tls_required_by_server_without_client_tls_fails(tls_cluster, anyi
 # -- AUTH -----------------------------------------------------------------------------------------
 
 
-class _AuthHandler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        query = parse_qs(urlparse(self.path).query)
-        secret = query.get("secret", [""])[0]
-        if secret != "good-secret":
-            self.send_response(403)
-            self.end_headers()
-            self.wfile.write(b'{"message":"bad secret"}')
-            return
-        body = {
-            "ttl": 3600,
-            "identity": "tester",
-            "identity_url": "",
-            "authorizations": [
-                {"topic": "auth_.*", "channels": [".*"], "permissions": ["subscribe", "publish"]}
-            ],
-        }
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(json.dumps(body).encode())
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def auth_server() -> Iterator[str]:
-    server = HTTPServer(("127.0.0.1", 0), _AuthHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    with serve_auth("good-secret", "auth_.*") as address:
+        yield address
 
 
 async def test_auth(cluster_factory, auth_server, anyio_backend):
