@@ -21,7 +21,7 @@ from smartnsq.cli.status import Verdict
 from smartnsq.cli.tail import RESERVED, topic_list
 from smartnsq.cli.topics import TopicRunner, serving
 from smartnsq.cli.upstreams import MODES, Upstreams
-from smartnsq.cli.words import parse_duration, pass_through
+from smartnsq.cli.words import never_give_up, parse_duration, pass_through
 from smartnsq.http import HttpClient, HttpError
 from smartnsq.protocol.http import build_request
 
@@ -180,16 +180,10 @@ def command(
             sender.request_for(url, b"x")
         except HttpError as exc:
             raise click.UsageError(f"--{sender.method.lower()} {url!r}: {exc}") from None
-    extra = pass_through("--consumer-opt", consumer_opts, Consumer, _RESERVED)
-    # A message is never finished unsent: no attempt limit, unless the messages given up
-    # go to a dead-letter topic.
-    extra.setdefault("max_attempts", 0)
-    if extra["max_attempts"] and not extra.get("dead_letter_topic"):
-        raise click.UsageError(
-            "--consumer-opt max_attempts would finish messages that were not sent: add "
-            "--consumer-opt dead_letter_topic=TOPIC for them to go to"
-        )
-    extra.setdefault("auto_touch", True)  # a slow endpoint must not time messages out
+    # A message is never finished unsent, nor timed out by a slow endpoint.
+    extra = never_give_up(
+        pass_through("--consumer-opt", consumer_opts, Consumer, _RESERVED), "sent"
+    )
     if limit is not None:
         max_in_flight = min(max_in_flight, limit)  # more would only be requeued
     client = options.client_options()

@@ -24,7 +24,7 @@ from smartnsq.cli.status import Verdict
 from smartnsq.cli.tail import RESERVED, topic_list
 from smartnsq.cli.tally import Tally
 from smartnsq.cli.topics import TopicRunner, serving
-from smartnsq.cli.words import flag_words, parse_duration, pass_through
+from smartnsq.cli.words import flag_words, never_give_up, parse_duration, pass_through
 from smartnsq.errors import (
     ExtNotSupported,
     NotSupported,
@@ -159,17 +159,10 @@ def command(
     except click.BadParameter as exc:
         raise click.UsageError(f"--give-up-after: {exc.message}") from None
     client = options.client_options()
-    consumer_extra = pass_through("--consumer-opt", consumer_opts, Consumer, RESERVED)
-    # A copy tool never gives a message up uncopied: no attempt limit, unless the messages
-    # given up go to a dead-letter topic.
-    consumer_extra.setdefault("max_attempts", 0)
-    if consumer_extra["max_attempts"] and not consumer_extra.get("dead_letter_topic"):
-        raise click.UsageError(
-            "--consumer-opt max_attempts would finish messages that were not copied: add "
-            "--consumer-opt dead_letter_topic=TOPIC for them to go to"
-        )
-    # Messages held while they wait for their copy (or their --rate slot) stay ours.
-    consumer_extra.setdefault("auto_touch", True)
+    # A message waiting for its copy (or its --rate slot) stays ours, never given up uncopied.
+    consumer_extra = never_give_up(
+        pass_through("--consumer-opt", consumer_opts, Consumer, RESERVED), "copied"
+    )
     if rate is not None:
         # Hold about one second's worth: a message waits for its slot briefly, not for
         # minutes (nsqd's message timeout), and idle time builds no burst.

@@ -151,3 +151,17 @@ def pass_through(
             raise click.BadParameter(f"unknown option {name!r}; known: {known}", param_hint=flag)
         out[name] = _convert(flag, name, params[name], value)
     return out
+
+
+def never_give_up(extra: dict[str, Any], undone: str) -> dict[str, Any]:
+    """Consumer keywords of a command that must not finish a message it has not delivered
+    (``undone``: "copied", "sent"): no attempt limit, unless the messages given up go to a
+    dead-letter topic; held messages are touched so that none times out while it waits."""
+    extra.setdefault("max_attempts", 0)
+    if extra["max_attempts"] and not extra.get("dead_letter_topic"):
+        raise click.UsageError(
+            f"--consumer-opt max_attempts would finish messages that were not {undone}: add "
+            "--consumer-opt dead_letter_topic=TOPIC for them to go to"
+        )
+    extra.setdefault("auto_touch", True)
+    return extra
