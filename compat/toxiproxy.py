@@ -237,9 +237,11 @@ def start_proxied_classic(
     nsqd: int = 2,
     lookupd: int = 1,
     nsqd_args: Sequence[str] = (),
+    each_nsqd_args: Sequence[Sequence[str]] = (),
 ) -> ProxiedClassic:
     """Start ``lookupd`` nsqlookupd and ``nsqd`` nsqd, each port a client uses behind its
-    own proxy; every nsqd registers its proxies' ports with the lookupds."""
+    own proxy; every nsqd registers its proxies' ports with the lookupds. ``each_nsqd_args[i]``
+    is added to nsqd ``i``'s arguments (nodes configured unlike each other)."""
     cluster = Cluster.start("classic", dir=dir, nsqd=0, lookupd=lookupd)
     try:
         tag = Path(dir).name
@@ -254,8 +256,9 @@ def start_proxied_classic(
             http.append(toxiproxy.proxy(f"{tag}-{d.name}-http", d.http))
             return tcp[-1].address, http[-1].address
 
-        for _ in range(nsqd):
-            cluster.add_nsqd(nsqd_args, advertise=advertise)
+        for i in range(nsqd):
+            own = each_nsqd_args[i] if i < len(each_nsqd_args) else ()
+            cluster.add_nsqd([*nsqd_args, *own], advertise=advertise)
     except BaseException:
         cluster.stop()
         raise

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,11 @@ PUBLISHERS = 4  # tasks or threads of an in-process source
 ROOT = Path(__file__).resolve().parents[3]
 
 
+# The "oversize" fault: the last nsqd runs with --max-msg-size=SMALL_MAX_MSG_SIZE, and a flow's
+# source makes every 3rd body BIG bytes long for the fault's hold; the other nsqd take them.
+SMALL_MAX_MSG_SIZE = 512
+BIG = 600
+
 # The exit status of a command stopped by a signal (docs/cli.md).
 SIGNALLED = {"SIGINT": 130, "SIGTERM": 143}
 
@@ -45,6 +51,7 @@ class Book:
     first_handled: dict[bytes, float] = field(default_factory=dict)
     errors: list[BaseException] = field(default_factory=list)
     failed_publishes: int = 0
+    given_up: dict[bytes, str] = field(default_factory=dict)  # body -> why (on_giving_up)
 
     def ack(self, body: bytes, when: float | None = None) -> None:
         with self.lock:
@@ -68,9 +75,14 @@ class Book:
                 self.first_handled.setdefault(b, now)
             self.handled = Counter(bodies)
 
-    def missing(self) -> set[bytes]:
+    def give_up(self, body: bytes, reason: str) -> None:
         with self.lock:
-            return {b for b in self.acked if b not in self.handled}
+            self.given_up.setdefault(body, reason)
+
+    def missing(self) -> set[bytes]:
+        """Acknowledged, neither handled nor given up (a consumer's on_giving_up)."""
+        with self.lock:
+            return {b for b in self.acked if b not in self.handled and b not in self.given_up}
 
     def duplicates(self) -> int:
         with self.lock:
@@ -105,8 +117,13 @@ class Door:
         return []
 
 
-def body_of(flow: Flow, who: str, n: int) -> bytes:
-    return b"f%d:%s:%d" % (flow.index, who.encode(), n)
+def body_of(flow: Flow, who: str, n: int, big: bool = False) -> bytes:
+    body = b"f%d:%s:%d" % (flow.index, who.encode(), n)
+    return body + b":" + b"x" * (BIG - len(body) - 1) if big else body
+
+
+def is_big(body: bytes) -> bool:
+    return len(body) >= BIG
 
 
 # ---------------------------------------------------------------- sources
@@ -120,6 +137,7 @@ class AsyncSource(Door):
     def __init__(self, flow: Flow, book: Book, nsqd: list[str], settings: Settings) -> None:
         self.flow, self.book, self.nsqd, self.settings = flow, book, nsqd, settings
         self.publishing = threading.Event()
+        self.oversize = threading.Event()  # set while an "oversize" fault holds
         self.thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -134,7 +152,7 @@ class AsyncSource(Door):
         async def publisher(producer: smartnsq.Producer, task: int) -> None:
             n = 0
             while self.publishing.is_set():
-                body = body_of(self.flow, f"a{task}", n)
+                body = body_of(self.flow, f"a{task}", n, self.oversize.is_set() and n % 3 == 0)
                 n += 1
                 try:
                     await producer.publish(self.flow.topic, body)
@@ -173,12 +191,13 @@ class BlockingSource(Door):
             nsqd_tcp_addresses=nsqd, **settings.producer_kwargs()
         )
         self.publishing = threading.Event()
+        self.oversize = threading.Event()  # set while an "oversize" fault holds
         self.threads: list[threading.Thread] = []
 
     def _publisher(self, task: int) -> None:
         pace, n = PUBLISHERS / self.flow.rate, 0
         while self.publishing.is_set():
-            body = body_of(self.flow, f"b{task}", n)
+            body = body_of(self.flow, f"b{task}", n, self.oversize.is_set() and n % 3 == 0)
             n += 1
             try:
                 self.producer.publish(self.flow.topic, body)
@@ -298,11 +317,24 @@ class PubSource(Door):
     name = "pub"
     process = True
 
-    def __init__(self, flow: Flow, book: Book, nsqd: list[str], logs: Path, seconds: float):
+    def __init__(
+        self,
+        flow: Flow,
+        book: Book,
+        nsqd: list[str],
+        logs: Path,
+        seconds: float,
+        oversize: Sequence[tuple[float, float]] = (),
+    ):
         self.flow, self.book = flow, book
         self.lines = max(1, int(flow.rate * seconds))
         self.file = logs / f"flow{flow.index}.pub.txt"
-        self.file.write_bytes(b"".join(body_of(flow, "p", n) + b"\n" for n in range(self.lines)))
+        # Line n goes out about n / rate seconds in: big within an "oversize" fault's hold.
+        self.bodies = [
+            body_of(flow, "p", n, n % 3 == 0 and any(a <= n / flow.rate < b for a, b in oversize))
+            for n in range(self.lines)
+        ]
+        self.file.write_bytes(b"".join(b + b"\n" for b in self.bodies))
         argv = smartnsq_cli(
             "pub", "--nsqd", ",".join(nsqd), flow.topic, str(self.file), "--json",
             "--rate", str(flow.rate), "--producer-opt", "timeout=2s",
@@ -360,7 +392,7 @@ class PubSource(Door):
         # line was acknowledged: the run's start is the earliest it can have been.
         for line in range(first + 1, last + 1):
             if line not in failed:
-                self.book.ack(body_of(self.flow, "p", line - 1), self.started)
+                self.book.ack(self.bodies[line - 1], self.started)
         if status not in (0, None) and not summary:
             self.book.errors.append(RuntimeError(f"pub exited {status} without a summary"))
 
@@ -536,11 +568,15 @@ class DeadLetterSink(Door):
             self.book.handle(message.body)
             self.dead_book.handle(message.body)
 
+        def giving_up(message: Message, reason: BaseException | None) -> None:
+            if reason is not None:  # None: copied to the dead-letter topic
+                self.book.give_up(message.body, repr(reason))
+
         async def main() -> None:
             async with (
                 smartnsq.Consumer(
                     self.flow.topic, CHANNEL, handle, max_attempts=2,
-                    dead_letter_topic=self.dead_topic, **kwargs,
+                    dead_letter_topic=self.dead_topic, on_giving_up=giving_up, **kwargs,
                 ) as c,
                 smartnsq.Consumer(self.dead_topic, CHECK, check, **kwargs),
             ):  # fmt: skip
@@ -571,6 +607,13 @@ class DeadLetterSink(Door):
             out.append("the dead-letter consumer did not stop within 60 s")
         if self.stats is not None and self.stats.in_flight:
             out.append(f"stats() says {self.stats.in_flight} in flight after the stop")
+        with self.book.lock:
+            given_up = dict(self.book.given_up)
+        # Given up without a copy: only a big body the dead-letter nsqd refused for its size.
+        for body, reason in given_up.items():
+            if not is_big(body) or "E_BAD_MESSAGE" not in reason:
+                out.append(f"gave {body[:40]!r} up without a dead-letter copy: {reason}")
+                break
         return out
 
 

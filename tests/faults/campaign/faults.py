@@ -159,6 +159,12 @@ class Injector:
                     _post(d, "/channel/create", topic=t, channel=CHANNEL if t == topic else CHECK)
 
             return recreate
+        if kind == "oversize":  # the source mixes in big bodies for the hold
+            event = getattr(self.doors[f"{fault.target}.source"], "oversize", None)
+            if event is None:  # pub: its file has them at the fault's offsets already
+                return lambda: None
+            event.set()
+            return event.clear
         if kind == "client-signal":
             door = self.doors[fault.target]
             door.signal(signal.Signals[fault.how])

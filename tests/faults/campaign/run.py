@@ -121,7 +121,12 @@ def make_doors(
         elif flow.source == "blocking-producer":
             source = d.BlockingSource(flow, book, nsqd, settings)
         else:
-            source = d.PubSource(flow, book, nsqd, logs, publish_seconds)
+            oversize = [
+                (f.at, f.at + f.hold)
+                for f in schedule.faults
+                if f.kind == "oversize" and f.target == flow.topic
+            ]
+            source = d.PubSource(flow, book, nsqd, logs, publish_seconds, oversize)
         sink: d.Door
         if flow.sink in ("async-consumer", "blocking-consumer"):
             sink = d.ConsumerSink(flow, book, lookupd, ckw, flow.sink == "blocking-consumer")
@@ -191,8 +196,14 @@ def _run(schedule: Schedule, logs: Path, result: Result) -> None:
     doors: dict[str, d.Door] = {}
     timeline = Timeline()
     try:
+        # the last nsqd takes smaller messages than the others (the "oversize" fault)
+        small = [f"--max-msg-size={d.SMALL_MAX_MSG_SIZE}"]
         cluster = start_proxied_classic(
-            toxi, logs / "cluster", nsqd=schedule.nsqd, lookupd=schedule.lookupd
+            toxi,
+            logs / "cluster",
+            nsqd=schedule.nsqd,
+            lookupd=schedule.lookupd,
+            each_nsqd_args=[*[[]] * (schedule.nsqd - 1), small],
         )
         topics = {f.index: _extra_topics(f) for f in schedule.flows}
         for node in cluster.cluster.nsqd:  # every topic in the lookupds before anyone asks

@@ -34,7 +34,11 @@ FORK_SINKS = ("ordered-consumer",)
 NODE_FAULTS = ("nsqd-stop", "nsqd-kill", "nsqd-term")
 TOXICS = ("silence", "reset", "refused", "latency", "slicer", "bandwidth")
 HEALED_BY = 0.85  # every fault has healed by this share of the run (publishing stops then)
-FAULT_KINDS = (*NODE_FAULTS, *TOXICS, "lookupd-down", "topic-recreate", "client-signal")
+# oversize: a flow's source mixes in bodies bigger than the last nsqd's --max-msg-size (the
+# others take them): that nsqd refuses them as a publish's or a copy's destination.
+FAULT_KINDS = (
+    *NODE_FAULTS, *TOXICS, "lookupd-down", "topic-recreate", "client-signal", "oversize",
+)  # fmt: skip
 # On the fork: a partition's leader moved to a replica, or killed (a replica takes over).
 FORK_FAULT_KINDS = ("nsqd-stop", *TOXICS, "lookupd-down", "leader-move", "leader-kill")
 
@@ -128,6 +132,8 @@ def generate(seed: int, kind: str = "classic", minutes: float = 1.0) -> Schedule
         elif fault_kind in ("leader-move", "leader-kill"):
             # partition 0 or 1 of a flow's topic; the runner finds its leader at the time
             target = f"{rng.choice(flows).topic}:{rng.randrange(2)}"
+        elif fault_kind == "oversize":
+            target = rng.choice(flows).topic
         elif fault_kind == "topic-recreate":
             target = f"nsqd{rng.randrange(nsqd)}/{rng.choice(flows).topic}"
         else:  # client-signal: a process door of some flow, or nothing if there is none
