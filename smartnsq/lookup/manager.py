@@ -34,7 +34,7 @@ from typing import TypeVar
 import anyio
 
 from smartnsq import _checks
-from smartnsq.errors import InvalidArgument, LookupFailed, TopicNotFound
+from smartnsq.errors import InvalidArgument, LookupFailed, NoNsqdAvailable, TopicNotFound
 from smartnsq.http import HttpClient
 from smartnsq.lookup.client import (
     MAX_RESPONSE_SIZE,
@@ -345,7 +345,8 @@ class LookupManager:
 
         Raises:
             TopicNotFound: A lookupd is not classic (the fork: topics are created by an
-                operator), or none lists an nsqd.
+                operator).
+            NoNsqdAvailable: The lookupds list no nsqd (yet).
             LookupFailed: No lookupd answered.
         """
         every = self._every
@@ -368,6 +369,7 @@ class LookupManager:
         classic = [u for u in missing if u in self._no_listlookup and u not in self._no_nodes]
         if len(classic) < len(missing):
             raise TopicNotFound(f"{not_found}; create it first")
+        listed: list[str] = []  # the lookupds that answered /nodes, even with no nsqd
 
         async def ask(url: str) -> tuple[Node, ...]:
             skipped: list[Skipped] = []
@@ -384,14 +386,23 @@ class LookupManager:
                 return ()
             self._report(url, skipped)
             self._succeeded(url)
+            listed.append(url)
             return found
 
         results, errors = await self._ask(classic, ask, bool)
         nodes: dict[Node, None] = {}
         for _, found in results:
             nodes.update(dict.fromkeys(found))
+        if not nodes and listed:
+            # Not the topic's fault: a lookupd just (re)started lists no nsqd until they
+            # register again (nsqd may also all be down). Worth trying again, unlike a topic
+            # that must be created first.
+            raise NoNsqdAvailable(
+                f"{not_found}, and lookupd lists no nsqd to create it on yet (a lookupd that "
+                "just started lists none until the nsqd register again)"
+            )
         if not nodes:
-            why = "; ".join(errors) or "they list no nsqd"
+            why = "; ".join(errors) or "lookupd cannot list its nsqd"
             raise TopicNotFound(f"{not_found}, and no nsqd to create it on was found: {why}")
         log.debug("topic %r is new: publishing to one of the %d nsqd lookupd knows", topic,
                   len(nodes))  # fmt: skip

@@ -20,6 +20,7 @@ from smartnsq.errors import (
     InvalidTopic,
     InvalidType,
     MessageTooLarge,
+    NoNsqdAvailable,
     NSQError,
     NSQTimeout,
 )
@@ -522,8 +523,6 @@ async def test_a_publish_whose_time_ran_out_before_sending_says_it_was_not_sent(
     says it was NOT sent (NoNsqdAvailable), not "may or may not have been published"."""
     import time
 
-    from smartnsq.errors import NoNsqdAvailable
-
     nsqd = cluster_factory("classic", nsqd=1).nsqd[0]
     nsqd.signal(signal.SIGSTOP)
     try:
@@ -566,3 +565,45 @@ async def test_a_topic_whose_every_nsqd_is_down_goes_to_another_nsqd(
     finally:
         stopped.signal(signal.SIGCONT)
     assert int(topic_stats(live.http, topic)["message_count"]) == 3
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_new_topic_waits_for_a_restarted_lookupd_to_list_its_nsqd(
+    cluster_factory, anyio_backend
+):
+    """A lookupd just restarted lists no nsqd until they register again (nsqd's next ping,
+    up to 15 s): a publish of a new topic through it raises NoNsqdAvailable, which passes,
+    and succeeds once the nsqd is listed again. Before: TopicNotFound, as for a topic that
+    must be created first, and to-nsq stopped copying ("destination topic does not exist",
+    found by the fault campaign)."""
+    from compat.cluster import http_request
+
+    cluster = cluster_factory("classic", nsqd=1)
+    lookupd = cluster.lookupd[0]
+    lookupd.signal(signal.SIGTERM)
+    assert lookupd.wait_exit(15.0)
+    lookupd.reap()
+    lookupd.spawn()
+
+    def up() -> bool:
+        try:
+            return http_request(f"http://{lookupd.http}/ping", timeout=1.0)[0] == 200
+        except OSError:
+            return False
+
+    wait_for(up, 10, "lookupd up")
+    nodes = http_json(f"http://{lookupd.http}/nodes") or {}
+    assert not nodes.get("producers"), nodes  # the case under test: it lists nothing yet
+    topic = unique("relisted")
+    async with Producer(lookupd_http_addresses=lookupds(cluster)) as producer:
+        with pytest.raises(NoNsqdAvailable, match="lists no nsqd"):
+            await producer.publish(topic, b"early")
+        # nsqd registers again at its next lookupd ping (15 s), or at once when it has news.
+        create_channel(cluster.nsqd[0].http, unique("news"), "c")
+        wait_for(
+            lambda: (http_json(f"http://{lookupd.http}/nodes") or {}).get("producers"),
+            30,
+            "the nsqd to register again",
+        )
+        await producer.publish(topic, b"later")
+    assert int(topic_stats(cluster.nsqd[0].http, topic)["message_count"]) == 1
