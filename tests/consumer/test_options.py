@@ -122,3 +122,8 @@ def test_a_description_must_state_the_fields_default(claim: str, ok: bool) -> No
 def test_a_field_without_a_description_is_refused() -> None:
     with pytest.raises(SystemExit, match="needs a description"):
         script().read_options("class Options:\n    a: int = 1\n    b: int = 2\n")
+
+
+def test_a_misspelt_keyword_is_refused_when_the_blocking_consumer_is_made() -> None:
+    with pytest.raises(TypeError, match="max_inflight"):
+        smartnsq.sync.Consumer("t", "c", nsqd_tcp_addresses=["127.0.0.1:4150"], max_inflight=5)  # type: ignore[call-arg]
