@@ -45,6 +45,9 @@ _CLAIMS = (
     re.compile(rf"(?<![\w.])(?:``)?({_LITERAL})(?:``)? \((?:the )?default\)"),
 )
 
+# A wrapped line starting so would be a list item, heading or quote in the API pages.
+_BLOCK = re.compile(r"([-*+] |#|>|\d+[.)] )")
+
 
 @dataclass(frozen=True)
 class Option:
@@ -121,7 +124,14 @@ def args_entry(option: Option) -> list[str]:
         break_long_words=False,
         break_on_hyphens=False,
     )
-    return [line + "\n" for line in text.splitlines()]
+    lines = text.splitlines()
+    for line in lines[1:]:
+        if _BLOCK.match(line.lstrip()):
+            raise SystemExit(
+                f"consumer_options: Options.{option.name}'s description wraps to a line that "
+                f"Markdown reads as a list or heading ({line.strip()[:20]!r}...): reword it"
+            )
+    return [line + "\n" for line in lines]
 
 
 def written_entries(lines: list[str]) -> dict[str, list[str]]:

@@ -127,3 +127,12 @@ def test_a_field_without_a_description_is_refused() -> None:
 def test_a_misspelt_keyword_is_refused_when_the_blocking_consumer_is_made() -> None:
     with pytest.raises(TypeError, match="max_inflight"):
         smartnsq.sync.Consumer("t", "c", nsqd_tcp_addresses=["127.0.0.1:4150"], max_inflight=5)  # type: ignore[call-arg]
+
+
+def test_a_description_that_wraps_into_a_markdown_list_is_refused() -> None:
+    module = script()
+    fine = module.Option("a", "int", "1", "x" * 85 + " and an item", True)
+    assert module.args_entry(fine)[1].strip() == "and an item"
+    listed = module.Option("a", "int", "1", "x" * 85 + " - an item", True)
+    with pytest.raises(SystemExit, match="list or heading"):
+        module.args_entry(listed)
