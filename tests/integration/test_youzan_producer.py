@@ -12,12 +12,12 @@ import anyio
 import pytest
 
 from compat.youzan import create_topic
-from smartnsq import Producer
+from smartnsq import Consumer, Message, Producer
 from smartnsq.errors import ExtNotSupported, InvalidArgument, NotSupported, TopicNotFound
 from smartnsq.ordered import go_partition, java_partition
 from smartnsq.protocol import MessageLayout, commands
 from smartnsq.trace import JsonFormatter
-from tests.helpers import drain, lookupds
+from tests.helpers import drain, lookupds, wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -163,17 +163,50 @@ async def test_ext_topic_headers(youzan_cluster, anyio_backend):
     assert traced is not None and traced.trace_id == 99
 
 
-async def test_concurrent_sharded_publish(youzan_cluster, topic2, anyio_backend):
-    topic, _ = topic2
+async def test_concurrent_sharded_publish(youzan_cluster, anyio_backend):
+    """Eight tasks publish at once, each with its own sharding key: every message lands on the
+    partition its key maps to, stored in its task's order, and is consumed once."""
+    topic = f"yzs_{random.getrandbits(32):x}"
+    create_topic(youzan_cluster, topic, partitions=2, replicas=1, channel="ch")
+    workers, each = 8, 25
+    keys = [f"k{w}" for w in range(workers)]
+    assert {go_partition(k, 2) for k in keys} == {0, 1}  # both partitions are published to
     async with Producer(lookupd_http_addresses=lookupds(youzan_cluster)) as producer:
 
         async def worker(w: int) -> None:
-            for i in range(25):
-                await producer.publish(topic, b"%d-%d" % (w, i), sharding_key=f"k{w}")
+            for i in range(each):
+                await producer.publish(topic, b"%d-%d" % (w, i), sharding_key=keys[w])
 
         async with anyio.create_task_group() as tg:
-            for w in range(8):
+            for w in range(workers):
                 tg.start_soon(worker, w)
+
+    got: list[tuple[int | None, int | None, bytes]] = []
+
+    def handle(message: Message) -> None:
+        got.append((message.partition, message.offset, message.body))
+
+    async with Consumer(
+        topic,
+        "ch",
+        handle,
+        lookupd_http_addresses=lookupds(youzan_cluster),
+        max_in_flight=50,
+        advanced=True,  # each message says where its partition stored it
+    ) as consumer:
+        await wait_until(lambda: len(got) >= workers * each, timeout=30, what="every message")
+        await consumer.stop()
+    bodies = Counter(body for _, _, body in got)
+    assert sorted(bodies) == sorted(b"%d-%d" % (w, i) for w in range(workers) for i in range(each))
+    assert set(bodies.values()) == {1}  # none twice
+    assert consumer.stats().finished == workers * each
+    assert None not in {offset for _, offset, _ in got}
+    order: dict[int, list[int]] = {}
+    for partition, _, body in sorted(got, key=lambda m: (m[0] or 0, m[1] or 0)):
+        w, i = map(int, body.split(b"-"))
+        assert partition == go_partition(keys[w], 2), body
+        order.setdefault(w, []).append(i)
+    assert order == {w: list(range(each)) for w in range(workers)}
 
 
 async def test_a_missing_topic_fails_at_once(youzan_cluster, anyio_backend):
