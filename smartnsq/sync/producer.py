@@ -171,11 +171,6 @@ class Producer:
                 ``lookupd_http_addresses`` was given.
             InvalidType: A value has the wrong type.
 
-
-        Attributes:
-            trace: Run-time trace switch ([`TraceSwitch`][smartnsq.trace.TraceSwitch]):
-                while tracing is on for a topic, every publish to it is traced (a trace id is
-                generated when none is given) and written as a ``publish`` trace record.
         """
         arguments = dict(locals())
         del arguments["self"]
@@ -186,38 +181,49 @@ class Producer:
 
     @property
     def trace(self) -> TraceSwitch:
+        """Run-time trace switch ([`TraceSwitch`][smartnsq.trace.TraceSwitch]): while
+        tracing is on for a topic, every publish to it is traced (a trace id is generated when
+        none is given) and written as a ``publish`` trace record."""
         return self._plan.trace
 
     @property
     def timeout(self) -> float:
+        """The ``timeout`` setting: seconds a publish may take, retries included (read-only)."""
         return self._settings.timeout
 
     @property
     def max_retries(self) -> int:
+        """The ``max_retries`` setting (read-only)."""
         return self._settings.max_retries
 
     @property
     def retry_backoff(self) -> float:
+        """The ``retry_backoff`` setting, in seconds (read-only)."""
         return self._settings.retry_backoff
 
     @property
     def max_message_size(self) -> int:
+        """The ``max_message_size`` setting, in bytes (read-only)."""
         return self._settings.max_message_size
 
     @property
     def max_body_size(self) -> int:
+        """The ``max_body_size`` setting, in bytes (read-only)."""
         return self._settings.max_body_size
 
     @property
     def max_delay(self) -> float:
+        """The ``max_delay`` setting, in seconds (read-only)."""
         return self._settings.max_delay
 
     @property
     def compress_codec(self) -> str:
+        """The ``compress_codec`` setting (read-only)."""
         return self._settings.compress_codec
 
     @property
     def compress_min_size(self) -> int:
+        """The ``compress_min_size`` setting, in bytes (read-only)."""
         return self._settings.compress_min_size
 
     # -- lifecycle -------------------------------------------------------------------------------
