@@ -72,14 +72,14 @@ class Publisher:
         self._per_node = nodes.per_node
         self._lookup = links.lookup
         self._config = settings.config
-        self.timeout = settings.timeout
+        self._timeout = settings.timeout
         self._max_retries = settings.max_retries
         self._retry_backoff = settings.retry_backoff
-        self.failed = 0  # messages of calls that raised
-        self.retried = 0  # requests sent again
+        self._failed = 0  # messages of calls that raised
+        self._retried = 0  # requests sent again
 
     def stats(self) -> ProducerStats:
-        return self._nodes.stats(self.failed, self.retried)
+        return self._nodes.stats(self._failed, self._retried)
 
     # -- publishing ------------------------------------------------------------------------------
 
@@ -89,7 +89,7 @@ class Publisher:
         if self._lookup is None:
             return False
         try:
-            layout = await self._layout(topic, False, anyio.current_time() + self.timeout)
+            layout = await self._layout(topic, False, anyio.current_time() + self._timeout)
         except TopicNotFound:
             return False
         return self._plan.ext_layout(layout)
@@ -128,7 +128,7 @@ class Publisher:
                 ext=plan.ext,
             )
         except NSQError:
-            self.failed += 1
+            self._failed += 1
             raise
         return self._plan.result(topic, plan, answer, address, part)
 
@@ -155,7 +155,7 @@ class Publisher:
             try:
                 await self._send(plan, timeout, count)
             except NSQError:
-                self.failed += count
+                self._failed += count
                 raise
             return None
         assert not isinstance(plan, bytes)
@@ -175,7 +175,7 @@ class Publisher:
                 else:  # plain batches: no route, no answer to read
                     sent = await self._send(request.build(None), timeout, request.count), "", None
             except NSQError as exc:
-                self.failed += run.unacknowledged
+                self._failed += run.unacknowledged
                 raise run.failed(exc)  # noqa: B904 - it sets the cause
             run.answered(request, *sent)
         return run.results()
@@ -187,7 +187,7 @@ class Publisher:
         path."""
         if not self._links.open:
             raise self._links.not_open()
-        limit = self.timeout if timeout is None else timeout
+        limit = self._timeout if timeout is None else timeout
         spent = 0.0
         conn = self._ready_connection()
         if conn is not None:
@@ -201,7 +201,7 @@ class Publisher:
             except (ConnectionClosed, ServerError) as exc:
                 node.errors += 1
                 self._check_retryable(exc, node, conn)
-                self.retried += 1  # by the slow path below
+                self._retried += 1  # by the slow path below
                 spent = conn.clock() - start  # the call's timeout covers its retries too
             else:
                 node.answered(count)
@@ -251,7 +251,7 @@ class Publisher:
         ``spent``: seconds of the call's timeout a failed first attempt already used."""
         if not self._links.open:
             raise self._links.not_open()
-        limit = self.timeout if timeout is None else timeout
+        limit = self._timeout if timeout is None else timeout
         left = limit - spent
         # Fast path: the route is cached and its connection is up; no timer, no retry state.
         layout = self._lookup.cached(topic, "w") if self._lookup and topic else None
@@ -284,7 +284,7 @@ class Publisher:
                     node.errors += 1
                 self._check_retryable(exc, node, conn)
                 if sent and conn is not None:  # the slow path below sends it again
-                    self.retried += 1
+                    self._retried += 1
                     left -= conn.clock() - start
                 route = None  # it failed: route afresh
         if left <= 0.0:  # the first attempt failed (unstored) and used the call's time up
@@ -322,7 +322,7 @@ class Publisher:
         refresh = False
         while True:
             if attempt:
-                self.retried += 1
+                self._retried += 1
             conn: Connection | None = None
             node: LinkNode | None = None
             try:

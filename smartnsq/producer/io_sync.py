@@ -61,14 +61,14 @@ class SyncPublisher:
         self._per_node = nodes.per_node
         self._lookup = links.lookup
         self._config = settings.config
-        self.timeout = settings.timeout
+        self._timeout = settings.timeout
         self._max_retries = settings.max_retries
         self._retry_backoff = settings.retry_backoff
-        self.failed = 0  # messages of calls that raised
-        self.retried = 0  # requests sent again
+        self._failed = 0  # messages of calls that raised
+        self._retried = 0  # requests sent again
 
     def stats(self) -> ProducerStats:
-        return self._nodes.stats(self.failed, self.retried)
+        return self._nodes.stats(self._failed, self._retried)
 
     # -- publishing ------------------------------------------------------------------------------
 
@@ -78,7 +78,7 @@ class SyncPublisher:
         if self._lookup is None:
             return False
         try:
-            layout = self._layout(topic, False, time.monotonic() + self.timeout)
+            layout = self._layout(topic, False, time.monotonic() + self._timeout)
         except TopicNotFound:
             return False
         return self._plan.ext_layout(layout)
@@ -117,7 +117,7 @@ class SyncPublisher:
                 ext=plan.ext,
             )
         except NSQError:
-            self.failed += 1
+            self._failed += 1
             raise
         return self._plan.result(topic, plan, answer, address, part)
 
@@ -144,7 +144,7 @@ class SyncPublisher:
             try:
                 self._send(plan, timeout, count)
             except NSQError:
-                self.failed += count
+                self._failed += count
                 raise
             return None
         assert not isinstance(plan, bytes)
@@ -164,7 +164,7 @@ class SyncPublisher:
                 else:  # plain batches: no route, no answer to read
                     sent = self._send(request.build(None), timeout, request.count), "", None
             except NSQError as exc:
-                self.failed += run.unacknowledged
+                self._failed += run.unacknowledged
                 raise run.failed(exc)  # noqa: B904 - it sets the cause
             run.answered(request, *sent)
         return run.results()
@@ -176,7 +176,7 @@ class SyncPublisher:
         path."""
         if not self._links.open:
             raise self._links.not_open()
-        limit = self.timeout if timeout is None else timeout
+        limit = self._timeout if timeout is None else timeout
         spent = 0.0
         conn = self._ready_connection()
         if conn is not None:
@@ -190,7 +190,7 @@ class SyncPublisher:
             except (ConnectionClosed, ServerError) as exc:
                 node.errors += 1
                 self._check_retryable(exc, node, conn)
-                self.retried += 1  # by the slow path below
+                self._retried += 1  # by the slow path below
                 spent = conn.clock() - start  # the call's timeout covers its retries too
             else:
                 node.answered(count)
@@ -240,7 +240,7 @@ class SyncPublisher:
         ``spent``: seconds of the call's timeout a failed first attempt already used."""
         if not self._links.open:
             raise self._links.not_open()
-        limit = self.timeout if timeout is None else timeout
+        limit = self._timeout if timeout is None else timeout
         left = limit - spent
         # Fast path: the route is cached and its connection is up; no timer, no retry state.
         layout = self._lookup.cached(topic, "w") if self._lookup and topic else None
@@ -273,7 +273,7 @@ class SyncPublisher:
                     node.errors += 1
                 self._check_retryable(exc, node, conn)
                 if sent and conn is not None:  # the slow path below sends it again
-                    self.retried += 1
+                    self._retried += 1
                     left -= conn.clock() - start
                 route = None  # it failed: route afresh
         if left <= 0.0:  # the first attempt failed (unstored) and used the call's time up
@@ -311,7 +311,7 @@ class SyncPublisher:
         refresh = False
         while True:
             if attempt:
-                self.retried += 1
+                self._retried += 1
             conn: SyncConnection | None = None
             node: SyncLinkNode | None = None
             try:
