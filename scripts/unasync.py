@@ -1,8 +1,11 @@
-"""Generate the blocking producer's publishing code from the async one.
+"""Generate the blocking producer from the async one.
 
-``smartnsq/publish_io.py`` is the one source; ``smartnsq/sync/publish_io.py`` is made from it
-by the token substitutions below, then sorted and formatted by ruff (the project's own
-settings), so the output passes ``./dev lint`` as the source does.
+``smartnsq/producer/io.py`` (sending, waiting, retrying) and ``smartnsq/producer/front.py``
+(the front door) are the one source; ``smartnsq/producer/io_sync.py`` and
+``smartnsq/sync/producer.py`` are made from them by the token substitutions below, then sorted
+and formatted by ruff (the project's own settings), so the output passes ``./dev lint`` as the
+source does. What only the blocking producer does is written by hand in
+``smartnsq/producer/links_sync.py``, its front door's class docstring included (``DOCS``).
 
     python scripts/unasync.py          # write the generated files
     python scripts/unasync.py --check  # exit 1 (saying which) when one is stale
@@ -13,6 +16,7 @@ Run from anywhere; paths are the repository's.
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import subprocess
 import sys
@@ -21,14 +25,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # (async source, generated blocking module), relative to the repository root
-FILES = [("smartnsq/publish_io.py", "smartnsq/sync/publish_io.py")]
+FILES = [
+    ("smartnsq/producer/io.py", "smartnsq/producer/io_sync.py"),
+    ("smartnsq/producer/front.py", "smartnsq/sync/producer.py"),
+]
+
+# A generated class whose docstring is not the source's: (class, module, string constant).
+DOCS = {
+    "smartnsq/sync/producer.py": ("Producer", "smartnsq/producer/links_sync.py", "PRODUCER_DOC"),
+}
 
 # Applied in order, each to every line; a pattern matches whole words only.
 SUBS = [
     ("async def ", "def "),
     ("async with ", "with "),
+    ("``async with``", "``with``"),
     ("await ", ""),
-    ("AsyncPublisher", "SyncPublisher"),
+    ("__aenter__", "__enter__"),
+    ("__aexit__", "__exit__"),
+    ("Publisher", "SyncPublisher"),
+    ("Links", "SyncLinks"),
+    ("LinkNode", "SyncLinkNode"),
+    ("smartnsq.producer.io", "smartnsq.producer.io_sync"),
+    ("smartnsq.producer.links", "smartnsq.producer.links_sync"),
     ("import anyio", "import time"),
     ("anyio.current_time()", "time.monotonic()"),
     ("anyio.sleep", "time.sleep"),
@@ -75,12 +94,37 @@ def ruff(args: list[str], text: str, name: str) -> str:
     return done.stdout
 
 
+def docstring(module: str, name: str) -> str:
+    """The string constant ``name`` of ``module`` (read, not imported)."""
+    tree = ast.parse((ROOT / module).read_text())
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and [getattr(t, "id", None) for t in node.targets] == [name]
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            return node.value.value
+    raise SystemExit(f"unasync: {module} has no string {name}")
+
+
+def replace_docstring(text: str, cls: str, doc: str, target: str) -> str:
+    pattern = re.compile(rf'^(class {cls}\b[^\n]*:\n    """).*?(""")', re.S | re.M)
+    out, found = pattern.subn(lambda m: m.group(1) + doc + m.group(2), text, count=1)
+    if not found:
+        raise SystemExit(f"unasync: {target} has no class {cls} with a docstring")
+    return out
+
+
 def generate(source: str, target: str) -> str:
     text = (ROOT / source).read_text()
     if not text.startswith('"""'):
         raise SystemExit(f"unasync: {source} must start with its docstring")
     body = text[text.index('"""', 3) + 3 :]
     out = header(source) + "".join(unasync_line(line) for line in body.splitlines(True))
+    if target in DOCS:
+        cls, module, name = DOCS[target]
+        out = replace_docstring(out, cls, docstring(module, name), target)
     # Import order changes with the names (smartnsq.sync.* sorts last): ruff puts it right.
     out = ruff(["check", "--fix-only", "--select", "I", "--quiet"], out, target)
     return ruff(["format", "--quiet"], out, target)

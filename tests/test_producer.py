@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from smartnsq import Producer
 from smartnsq.errors import InvalidArgument, InvalidType, MessageTooLarge
 from smartnsq.lookup.model import Node, TopicLayout, TopicMeta
+from tests.producer import parts
 
 
 def capture(**config: Any) -> tuple[Producer, list[bytes]]:
@@ -28,7 +29,7 @@ def capture(**config: Any) -> tuple[Producer, list[bytes]]:
         sent.append(data)
         return b"OK"
 
-    producer._send = send  # type: ignore[method-assign]
+    producer._io._send = send  # type: ignore[method-assign]
     return producer, sent
 
 
@@ -148,8 +149,8 @@ def test_round_robin_gives_every_partition_its_turn_when_one_nsqd_leads_several(
     nsqd each get a third (by address, partition 2 never got a message)."""
     a, b = Node("127.0.0.1", 4150), Node("127.0.0.1", 4250)
     layout = TopicLayout((a, b), {0: a, 1: b, 2: a}, TopicMeta(partition_num=3))
-    producer = Producer(lookupd_http_addresses=["127.0.0.1:4161"])
-    picks = [producer._pick("t", None, None, layout) for _ in range(6)]
+    routes = parts.nodes(nsqd_tcp_addresses=[], lookupd_http_addresses=["127.0.0.1:4161"])
+    picks = [routes.pick("t", None, None, layout) for _ in range(6)]
     assert sorted(picks) == sorted([(a.tcp_address, 0), (b.tcp_address, 1), (a.tcp_address, 2)] * 2)
 
 

@@ -1,4 +1,5 @@
-"""The blocking producer's publishing code is generated from the async one: it must match."""
+"""The blocking producer (its IO and its front door) is generated from the async one: it must
+match."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,9 +23,25 @@ def test_generated_sync_code_is_up_to_date() -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_generated_file_says_it_is_generated() -> None:
-    first = (ROOT / "smartnsq" / "sync" / "publish_io.py").read_text().splitlines()[0]
-    assert first.startswith("# Generated from smartnsq/publish_io.py by scripts/unasync.py")
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [
+        ("smartnsq/producer/io.py", "smartnsq/producer/io_sync.py"),
+        ("smartnsq/producer/front.py", "smartnsq/sync/producer.py"),
+    ],
+)
+def test_generated_files_say_they_are_generated(source: str, target: str) -> None:
+    first = (ROOT / target).read_text().splitlines()[0]
+    assert first.startswith(f"# Generated from {source} by scripts/unasync.py")
+
+
+def test_the_blocking_front_door_has_its_own_class_docstring() -> None:
+    from smartnsq import Producer
+    from smartnsq.producer.links_sync import PRODUCER_DOC
+    from smartnsq.sync import Producer as SyncProducer
+
+    assert SyncProducer.__doc__ == PRODUCER_DOC
+    assert "async with" in (Producer.__doc__ or "") and "async with" not in PRODUCER_DOC
 
 
 def test_substitutions_rename_whole_words_only() -> None:
@@ -43,5 +62,12 @@ def test_substitutions_rename_whole_words_only() -> None:
         line("except (ConnectionClosed, NSQTimeout):") == "except (ConnectionClosed, NSQTimeout):"
     )
     assert line("await anyio.sleep(anyio.current_time())") == "time.sleep(time.monotonic())"
-    assert line("class AsyncPublisher(ProducerCore[N]):") == "class SyncPublisher(ProducerCore[N]):"
+    assert line("class Publisher:") == "class SyncPublisher:"
+    assert line("from smartnsq.producer.io import Publisher") == (
+        "from smartnsq.producer.io_sync import SyncPublisher"
+    )
+    assert (
+        line("    async def __aenter__(self) -> Producer:")
+        == "    def __enter__(self) -> Producer:"
+    )
     assert line("conn.SyncConnection, MyConnection") == "conn.SyncConnection, MyConnection"

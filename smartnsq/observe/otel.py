@@ -50,7 +50,6 @@ from smartnsq.errors import InvalidArgument, InvalidType, NSQError, ProtocolErro
 from smartnsq.message import Message
 from smartnsq.producer import Producer
 from smartnsq.protocol.message import PublishResult
-from smartnsq.publishing import ProducerCore
 from smartnsq.sync.consumer import Consumer as SyncConsumer
 from smartnsq.sync.producer import Producer as SyncProducer
 
@@ -83,7 +82,7 @@ def instrument(
         NSQError: The consumer is already started.
     """
     tracer = trace.get_tracer(_SCOPE, __version__, tracer_provider=tracer_provider)
-    if isinstance(client, ProducerCore):
+    if isinstance(client, Producer | SyncProducer):
         if "publish" in vars(client):
             raise InvalidArgument("this Producer is instrumented already")
         if isinstance(client, Producer):
@@ -117,7 +116,7 @@ def uninstrument(client: Producer | SyncProducer | Consumer | SyncConsumer) -> N
     Raises:
         NSQError: The consumer is already started.
     """
-    if isinstance(client, ProducerCore):
+    if isinstance(client, Producer | SyncProducer):
         for name in _WRAPPED:
             vars(client).pop(name, None)
         return

@@ -49,15 +49,16 @@ from smartnsq.errors import InvalidArgument, InvalidType, NSQError
 from smartnsq.lag import ChannelLag
 from smartnsq.observe.lagpoll import LagPoller
 from smartnsq.observe.stats import ConsumerStats, ProducerStats
-from smartnsq.publishing import ProducerCore
+from smartnsq.producer import Producer
 from smartnsq.sync.consumer import Consumer as SyncConsumer
+from smartnsq.sync.producer import Producer as SyncProducer
 
 __all__ = ["NsqCollector", "register", "unregister"]
 
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _OURS = frozenset({"nsqd", "partition", "topic", "channel"})
 
-Client = ProducerCore[Any] | Consumer | SyncConsumer
+Client = Producer | SyncProducer | Consumer | SyncConsumer
 
 _PRODUCER_NODE = (
     # (name, help, kind, field of ProducerNodeStats)
@@ -143,7 +144,7 @@ class NsqCollector:
                         "registered: give each a distinct labels={...}"
                     )
             self._clients[client] = fixed
-            if lag_interval is not None and not isinstance(client, ProducerCore):
+            if lag_interval is not None and not isinstance(client, Producer | SyncProducer):
                 check_interval(lag_interval)
                 old = self._lag.pop(client, None)
                 if old is not None:
@@ -181,7 +182,7 @@ class NsqCollector:
                 lags.append((poller.last(), [*_topic(client), *[labels.get(k, "") for k in keys]]))
             extra = [labels.get(k, "") for k in keys]
             try:
-                if isinstance(client, ProducerCore):
+                if isinstance(client, Producer | SyncProducer):
                     producers.append((client.stats(), extra))
                 else:
                     consumers.append((client.stats(), [*_topic(client), *extra]))
@@ -267,7 +268,7 @@ def _topic(client: Consumer | SyncConsumer) -> tuple[str, str]:
 
 
 def _identity(client: Any, labels: dict[str, str]) -> tuple[Any, ...]:
-    kind = "producer" if isinstance(client, ProducerCore) else "consumer"
+    kind = "producer" if isinstance(client, Producer | SyncProducer) else "consumer"
     where = () if kind == "producer" else _topic(client)
     return kind, where, tuple(sorted(labels.items()))
 
@@ -324,7 +325,7 @@ def register(
         InvalidArgument: A label is invalid, or the client's series would clash with
             another's.
     """
-    if not isinstance(client, ProducerCore | Consumer | SyncConsumer):
+    if not isinstance(client, Producer | SyncProducer | Consumer | SyncConsumer):
         raise InvalidType(
             "register takes a smartnsq Producer or Consumer (async or sync), "
             f"not {type(client).__name__}"

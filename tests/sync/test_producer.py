@@ -155,13 +155,13 @@ def test_heartbeats_are_answered_and_an_idle_drop_is_reconnected(classic_cluster
     topic = unique("sidle")
     with Producer([nsqd.tcp], heartbeat_interval=1) as producer:
         producer.publish(topic, b"first")
-        conn = producer._direct[0].connections[0]
+        conn = producer._links.nodes.direct[0].connections[0]
         time.sleep(1.5)  # idle for one heartbeat (the behaviour under test)
         producer.publish(topic, b"second")
-        assert producer._direct[0].connections == [conn] and not conn.closed
+        assert producer._links.nodes.direct[0].connections == [conn] and not conn.closed
         time.sleep(3.5)  # idle past two heartbeats: nsqd drops the connection
         producer.publish(topic, b"third")
-        assert conn.closed and producer._direct[0].connections[0] is not conn
+        assert conn.closed and producer._links.nodes.direct[0].connections[0] is not conn
     assert stored(nsqd.http, topic) == 3
 
 

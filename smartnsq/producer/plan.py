@@ -1,9 +1,10 @@
-"""How a publish call becomes the commands to send, sans-IO.
+"""What a publish call becomes, sans-IO.
 
-:class:`PublishPlanner` checks a ``publish`` or ``publish_many`` call before anything is sent
-(raising a typed error that says what to fix) and turns it into bytes to send as they are, or
-:class:`Request` objects built per partition once the route is known. It is the planning half
-of :class:`smartnsq.publishing.ProducerCore`; the front doors send what it plans.
+:class:`Plan` checks a ``publish`` or ``publish_many`` call before anything is sent (raising a
+typed error that says what to fix) and turns it into bytes to send as they are, or
+:class:`Request` objects built per partition once the route is known; it reads nsqd's answer
+to a traced one. :class:`BatchRun` keeps a ``publish_many``'s account while its batches go out.
+The IO (:mod:`smartnsq.producer.io`) sends what it plans.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from smartnsq.errors import (
     NSQTimeout,
     PartialPublish,
 )
-from smartnsq.ordered.sharding import Sharder, ShardingKey, check_key
+from smartnsq.lookup.model import TopicLayout
+from smartnsq.ordered.sharding import ShardingKey, check_key
+from smartnsq.producer.settings import Settings
 from smartnsq.protocol import commands
 from smartnsq.protocol.compress import COMPRESS_KEY, SIZE_KEY, compress_body
 from smartnsq.protocol.message import PublishResult, decode_publish_response
@@ -170,23 +173,24 @@ class Batches:
     traced: bool  # MPUB_TRACE: one PublishResult per batch
 
 
-class PublishPlanner:
-    """Checks publish calls and plans their commands from the producer's settings, which
-    :class:`smartnsq.publishing.ProducerCore` sets (and checks) once."""
+class Plan:
+    """Checks publish calls and plans their commands, from the producer's settings."""
 
-    max_message_size: int
-    max_body_size: int
-    max_delay: float
-    compress_codec: str
-    compress_min_size: int
-    trace: TraceSwitch
-    _lookupds: list[str]
-    _sharder: Sharder
-    _compress_topics: frozenset[str]
-    _topics: set[str]
-    _pub_lines: dict[str, bytes]
+    def __init__(self, settings: Settings) -> None:
+        self.max_message_size = settings.max_message_size
+        self.max_body_size = settings.max_body_size
+        self.max_delay = settings.max_delay
+        self.compress_codec = settings.compress_codec
+        self.compress_min_size = settings.compress_min_size
+        self.trace = TraceSwitch()
+        self._lookupds = bool(settings.lookupds)
+        self._sharder = settings.sharder
+        # Empty when off: the plain publish path then pays one truth test.
+        self._compress_topics = settings.compress_topics
+        self._topics: set[str] = set()  # names checked already
+        self._pub_lines: dict[str, bytes] = {}
 
-    def _check_topic(self, topic: str) -> None:
+    def check_topic(self, topic: str) -> None:
         if type(topic) is not str or topic not in self._topics:
             self._topics.add(validate_topic(topic))
 
@@ -197,7 +201,7 @@ class PublishPlanner:
             line = self._pub_lines[topic] = b"PUB %s\n" % topic.encode()
         return b"".join((line, _pack_u32(len(body)), body))
 
-    def _plan_publish(
+    def publish(
         self,
         topic: str,
         body: bytes,
@@ -210,7 +214,7 @@ class PublishPlanner:
         tag: str | None = None,
     ) -> Request | bytes:
         """Check one publish; bytes to send as they are (no routing needed), or a request."""
-        self._check_topic(topic)
+        self.check_topic(topic)
         if timeout is not None:
             check_timeout("timeout", timeout)
         body = check_body(body)
@@ -235,7 +239,7 @@ class PublishPlanner:
             and not (self.trace.active and self.trace.enabled(topic))
         ):
             return self._plain_pub(topic, body)
-        self._check_routing(partition, sharding_key)
+        self.check_routing(partition, sharding_key)
         if tag is not None:
             check_tag("tag", tag)
         if delay is not None:
@@ -266,7 +270,7 @@ class PublishPlanner:
             return None
         return compress_body(self.compress_codec, body)
 
-    def _plan_many(
+    def many(
         self,
         topic: str,
         bodies: Iterable[bytes],
@@ -278,7 +282,7 @@ class PublishPlanner:
         headers: ManyHeaders = None,
     ) -> Batches | bytes:
         """Check a publish_many; one MPUB to send as it is, or the batches."""
-        self._check_topic(topic)
+        self.check_topic(topic)
         if timeout is not None:
             check_timeout("timeout", timeout)
         if isinstance(bodies, bytes | bytearray | str):
@@ -310,9 +314,7 @@ class PublishPlanner:
         if shortest == 0:
             raise InvalidArgument("message bodies must not be empty (nsqd rejects them)")
         if tags is not None or headers is not None or topic in self._compress_topics:
-            ext = self._plan_many_ext(
-                topic, checked, tags, trace_ids, partition, sharding_key, headers
-            )
+            ext = self._many_ext(topic, checked, tags, trace_ids, partition, sharding_key, headers)
             if ext is not None:
                 return ext
         limit = self.max_message_size
@@ -340,7 +342,7 @@ class PublishPlanner:
             spans = _spans([overhead + n for n in lens], self.max_body_size)
         routed = trace_ids is not None or partition is not None or sharding_key is not None
         if routed:
-            self._check_routing(partition, sharding_key)
+            self.check_routing(partition, sharding_key)
         routed = routed or bool(self._lookupds)
         requests = []
         for start, end in spans:
@@ -354,7 +356,7 @@ class PublishPlanner:
                 requests.append(Request(build, traced=True, count=len(batch)))
         return Batches(requests, len(checked), routed, trace_ids is not None)
 
-    def _plan_many_ext(
+    def _many_ext(
         self,
         topic: str,
         bodies: list[bytes],
@@ -389,7 +391,7 @@ class PublishPlanner:
                 "trace_ids cannot be combined with headers, tags or compression (MPUB_EXT has "
                 "no traced answer); publish those messages one by one with trace_id="
             )
-        self._check_routing(partition, sharding_key)
+        self.check_routing(partition, sharding_key)
         sent: list[bytes] = []
         ext: list[dict[str, Any] | None] = []
         lens: list[int] = []
@@ -442,7 +444,7 @@ class PublishPlanner:
         # "MPUB " + topic + "\n" + body length + body; topic names are ASCII
         return data if len(data) == 10 + len(topic) + body_size else None
 
-    def _check_routing(self, partition: int | None, key: ShardingKey | None) -> None:
+    def check_routing(self, partition: int | None, key: ShardingKey | None) -> None:
         if partition is not None and key is not None:
             raise InvalidArgument("give either partition or sharding_key, not both")
         if partition is not None and (
@@ -457,7 +459,7 @@ class PublishPlanner:
                     "lookupd_http_addresses (or pass partition= yourself)"
                 )
 
-    def _result(
+    def result(
         self, topic: str, request: Request, answer: bytes, address: str, part: int | None
     ) -> PublishResult | None:
         """The PublishResult of a traced answer (logged when tracing is on for the topic)."""
@@ -467,6 +469,43 @@ class PublishPlanner:
         if result is not None and self.trace.enabled(topic):
             emit_publish(topic, part, address, result, count=request.count)
         return result
+
+    @staticmethod
+    def ext_layout(layout: TopicLayout) -> bool:
+        """Whether a topic's write layout says it carries Youzan ext headers."""
+        return bool(layout.meta is not None and layout.meta.extend_support)
+
+
+class BatchRun:
+    """One ``publish_many`` while its batches go out in order: what was acknowledged, the
+    results of traced batches, and what a failed batch raises."""
+
+    __slots__ = ("_done", "_plan", "_planner", "_results", "_topic")
+
+    def __init__(self, planner: Plan, topic: str, plan: Batches) -> None:
+        self._planner = planner
+        self._topic = topic
+        self._plan = plan
+        self._done = 0  # messages acknowledged
+        self._results: list[PublishResult] = []
+
+    def answered(self, request: Request, answer: bytes, address: str, part: int | None) -> None:
+        result = self._planner.result(self._topic, request, answer, address, part)
+        if result is not None:
+            self._results.append(result)
+        self._done += request.count
+
+    @property
+    def unacknowledged(self) -> int:
+        """Messages of the call not acknowledged (so far)."""
+        return self._plan.total - self._done
+
+    def failed(self, exc: NSQError) -> NSQError:
+        """What to raise after ``exc`` (the caller counts :attr:`unacknowledged` as failed)."""
+        return batch_failed(exc, self._done, self._plan.total)
+
+    def results(self) -> list[PublishResult] | None:
+        return self._results if self._plan.traced else None
 
 
 def timeout_error(limit: float) -> NSQTimeout:

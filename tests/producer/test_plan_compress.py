@@ -12,16 +12,18 @@ import snappy
 from smartnsq import Producer
 from smartnsq import sync as smartsync
 from smartnsq.errors import InvalidArgument, InvalidTag, InvalidTopic, InvalidType, MessageTooLarge
-from smartnsq.publishing import Batches, Request
+from smartnsq.producer.plan import Batches, Plan, Request
+from tests.producer import parts
 
 BIG = b"compress me " * 3000  # 36,000 bytes, shrinks a lot
 
 
-def producer(**options) -> Producer:
-    return Producer(nsqd_tcp_addresses=["127.0.0.1:4150"], **options)
+def producer(**options) -> Plan:
+    """What a Producer with these options plans."""
+    return parts.plan(**options)
 
 
-def plan(p: Producer, body: bytes, **kw) -> Request | bytes:
+def plan(p: Plan, body: bytes, **kw) -> Request | bytes:
     args = {
         "delay": None,
         "partition": None,
@@ -32,7 +34,7 @@ def plan(p: Producer, body: bytes, **kw) -> Request | bytes:
         **kw,
     }
     tag = args.pop("tag", None)
-    return p._plan_publish("t", body, *args.values(), tag)
+    return p.publish("t", body, *args.values(), tag)
 
 
 def pub_ext(data: bytes) -> tuple[dict, bytes]:
@@ -124,7 +126,7 @@ def test_header_and_tag_mistakes():
 def test_publish_many_with_tags_and_compression():
     p = producer(compress_topics=["t"])
     bodies = [BIG, b"small", b"other"]
-    batches = p._plan_many("t", bodies, None, None, None, None, ["a", None, "b"])
+    batches = p.many("t", bodies, None, None, None, None, ["a", None, "b"])
     assert isinstance(batches, Batches) and batches.total == 3
     (request,) = batches.requests
     got = mpub_ext(request.build(None))
@@ -137,22 +139,22 @@ def test_publish_many_with_tags_and_compression():
     assert got[1] == ({}, b"small")
     assert got[2] == ({"##client_dispatch_tag": "b"}, b"other")
     # nothing to compress and no tags: the plain MPUB
-    plain = p._plan_many("t", [b"a", b"b"], None, None, None, None)
+    plain = p.many("t", [b"a", b"b"], None, None, None, None)
     assert isinstance(plain, Batches) and plain.requests[0].build(None).startswith(b"MPUB t\n")
 
 
 def test_publish_many_to_other_topics_keeps_the_fast_mpub():
     p = producer(compress_topics=["other"])
-    assert p._plan_many("t", [BIG, b"b"], None, None, None, None) == producer()._plan_many(
+    assert p.many("t", [BIG, b"b"], None, None, None, None) == producer().many(
         "t", [BIG, b"b"], None, None, None, None
     )
-    assert isinstance(p._plan_many("t", [BIG], None, None, None, None), bytes)
+    assert isinstance(p.many("t", [BIG], None, None, None, None), bytes)
 
 
 def test_publish_many_ext_batches_fit_max_body_size():
     p = producer(max_message_size=1000, max_body_size=1100)
     bodies = [b"%03d" % i * 100 for i in range(10)]  # 300 bytes each
-    batches = p._plan_many("t", bodies, None, None, None, None, ["x"] * 10)
+    batches = p.many("t", bodies, None, None, None, None, ["x"] * 10)
     assert isinstance(batches, Batches)
     sent = []
     for request in batches.requests:
@@ -167,10 +169,10 @@ def test_publish_many_ext_batches_fit_max_body_size():
 def test_publish_many_tag_mistakes():
     p = producer()
     with pytest.raises(InvalidArgument, match="one per message"):
-        p._plan_many("t", [b"a", b"b"], None, None, None, None, ["x"])
+        p.many("t", [b"a", b"b"], None, None, None, None, ["x"])
     with pytest.raises(InvalidType):
-        p._plan_many("t", [b"a"], None, None, None, None, "x")
+        p.many("t", [b"a"], None, None, None, None, "x")
     with pytest.raises(InvalidTag):
-        p._plan_many("t", [b"a"], None, None, None, None, ["a/b"])
+        p.many("t", [b"a"], None, None, None, None, ["a/b"])
     with pytest.raises(InvalidArgument, match="trace_ids"):
-        p._plan_many("t", [b"a"], None, None, [1], None, ["a"])
+        p.many("t", [b"a"], None, None, [1], None, ["a"])
