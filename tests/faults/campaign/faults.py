@@ -104,15 +104,17 @@ class Injector:
             sig = {"nsqd-stop": signal.SIGSTOP, "nsqd-kill": signal.SIGKILL}.get(
                 kind, signal.SIGTERM
             )
-            if kind == "nsqd-kill":
-                lost = self.timeline.note(f"SIGKILL {d.name}")
-                for flow in self.topics:
-                    self.timeline.losses.setdefault(flow, []).append(lost)
             d.signal(sig)
             if kind == "nsqd-stop":
                 return lambda: d.signal(signal.SIGCONT)
             d.wait_exit(15.0)
             d.reap()
+            if kind == "nsqd-kill":
+                # Noted once it is dead: an answer that left before may still have been on
+                # its way to the client when the signal was sent.
+                lost = self.timeline.note(f"SIGKILL {d.name}: dead")
+                for flow in self.topics:
+                    self.timeline.losses.setdefault(flow, []).append(lost)
 
             def restart() -> None:
                 d.spawn()
@@ -149,9 +151,11 @@ class Injector:
             _, d = self._nsqd(node)
             flow = int(flow_name.removeprefix("flow"))
             topic = self.topics[flow][0]
-            lost = self.timeline.note(f"delete {topic} on {d.name}")
-            self.timeline.losses.setdefault(flow, []).append(lost)
             _post(d, "/topic/delete", topic=topic)
+            # Noted once deleted: what was acknowledged while the delete ran may be gone too
+            # (seed 187 counted such a message as lost).
+            lost = self.timeline.note(f"deleted {topic} on {d.name}")
+            self.timeline.losses.setdefault(flow, []).append(lost)
 
             def recreate() -> None:
                 for t in self.topics[flow]:
