@@ -23,6 +23,7 @@ from smartnsq.errors import (
     NoNsqdAvailable,
     NSQError,
     NSQTimeout,
+    OutcomeUnknown,
 )
 from smartnsq.protocol import commands
 from tests.helpers import (
@@ -312,9 +313,16 @@ async def test_failover_to_another_nsqd(cluster_factory, anyio_backend):
         for i in range(10):
             await producer.publish(topic, b"before %d" % i)
         await anyio.to_thread.run_sync(lambda: cluster.kill_nsqd(0))
+        unknown = 0
         for i in range(50):
-            await producer.publish(topic, b"after %d" % i)
-    assert topic_stats(b.http, topic)["message_count"] >= 50  # type: ignore[index]
+            try:
+                await producer.publish(topic, b"after %d" % i)
+            except OutcomeUnknown:
+                # Written before the producer read the dead nsqd's end of stream: it may
+                # have been stored, so it is not sent again. Only the first can be.
+                assert i == 0
+                unknown += 1
+    assert topic_stats(b.http, topic)["message_count"] >= 50 - unknown  # type: ignore[index]
 
 
 async def test_unreachable_nsqd_raises(anyio_backend):
