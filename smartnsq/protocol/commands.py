@@ -47,6 +47,13 @@ def _check_id(message_id: bytes) -> bytes:
     return message_id
 
 
+def _check_ids(ids: Sequence[bytes]) -> Sequence[bytes]:
+    lengths = set(map(len, ids))  # at C speed: these run on batches of thousands
+    if lengths - {16}:
+        raise InvalidArgument(f"message ids must be 16 bytes, got {sorted(lengths - {16})}")
+    return ids
+
+
 def json_header(headers: Mapping[str, Any]) -> bytes:
     try:
         raw = json.dumps(dict(headers), separators=(",", ":")).encode()
@@ -116,6 +123,29 @@ def req(message_id: bytes, delay_ms: int) -> bytes:
 
 def touch(message_id: bytes) -> bytes:
     return b"TOUCH " + _check_id(message_id) + b"\n"
+
+
+# Batches: one string of commands for a run of ids answered at once (handler threads, raw
+# sinks, Spark readers); each equals the single commands joined. Empty for no ids.
+
+
+def fins(ids: Sequence[bytes]) -> bytes:
+    if not ids:
+        return b""
+    return b"FIN " + b"\nFIN ".join(_check_ids(ids)) + b"\n"
+
+
+def reqs(ids: Sequence[bytes], delay_ms: int) -> bytes:
+    if not ids:
+        return b""
+    tail = b" %d\n" % max(0, int(delay_ms))
+    return b"REQ " + (tail + b"REQ ").join(_check_ids(ids)) + tail
+
+
+def touches(ids: Sequence[bytes]) -> bytes:
+    if not ids:
+        return b""
+    return b"TOUCH " + b"\nTOUCH ".join(_check_ids(ids)) + b"\n"
 
 
 # -- publish ------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 
 _HEAD = struct.Struct(">iI")
 _unpack_head = _HEAD.unpack_from
+_unpack_size = struct.Struct(">i").unpack_from
 
 Frame = tuple[int, bytes]
 
@@ -148,6 +149,12 @@ class FrameDecoder:
         ftype: int
         size, ftype = _unpack_head(data, 0)
         return ftype == FRAME_MESSAGE and size == n - 4 and size <= self.max_frame_size
+
+
+def data_end(src: bytes, start: int) -> int:
+    """Where the data of the frame whose data starts at ``start`` in ``src`` ends (a span's
+    end, for those that keep only its start): its size field counts the type field too."""
+    return start - 4 + int(_unpack_size(src, start - 8)[0])
 
 
 def encode_frame(frame_type: int, data: bytes) -> bytes:
