@@ -1,11 +1,37 @@
-"""The message a consumer hands to user code."""
+"""The delivery: the message a consumer hands to user code, and the one place that makes
+it and answers it.
+
+The consumer's parts (intake, handler threads, workers, answers, drain, dead letters) and
+the Spark readers make a :class:`Message` with :func:`delivered` only, answer it with
+:func:`write_fin`, :func:`write_req` and :func:`write_touch` (or a run of ids with
+:func:`write_fins`, :func:`write_reqs` and :func:`write_touches`), and read its delivery
+state through :func:`owed`, :func:`sub_of` and :func:`times`: nothing else touches it. The
+bytes come from :mod:`smartnsq.protocol`.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
 from typing import Protocol
 
 from smartnsq._checks import check_requeue_delay
-from smartnsq.protocol.message import MessageLayout, RawMessage
+from smartnsq.errors import ConnectionClosed, NSQError
+from smartnsq.protocol import commands
+from smartnsq.protocol.frames import data_end
+from smartnsq.protocol.message import (
+    CLASSIC,
+    HEAD_SIZE,
+    ID_AT,
+    MessageLayout,
+    RawMessage,
+    decode_span,
+    unpack_head,
+)
+
+log = logging.getLogger("smartnsq.consumer")
 
 
 class Answerer(Protocol):
@@ -25,7 +51,17 @@ class Answerer(Protocol):
 
 
 class Origin(Protocol):
-    """Where a message came from: the subscription that delivered it, and who answers."""
+    """Where a message came from: the subscription that delivered it, and who answers.
+
+    ``in_flight`` counts its messages not answered yet; ``write`` sends an answer on its
+    connection, ``queue`` a TOUCH (both raise ``ConnectionClosed`` once it is going down).
+    """
+
+    in_flight: int
+
+    def write(self, data: bytes) -> None: ...
+
+    def queue(self, data: bytes) -> None: ...
 
     @property
     def address(self) -> str: ...
@@ -71,11 +107,12 @@ class Message(RawMessage):
         ext: Youzan ext topics: the raw ext header (else None); ``headers`` decodes it.
     """
 
-    # The delivery's state, set by the consumer (smartnsq.consumer) that delivers it: where
-    # it came from, whether it was answered, whether the consumer answers it.
-    __slots__ = ("_auto", "_reader", "_received", "_responded", "_touched")
+    # The delivery's state, set by delivered() below: the subscription it came from, whether
+    # it was answered, whether the consumer answers it, when it came and was last touched
+    # (those two only for auto-touched and ordered messages).
+    __slots__ = ("_auto", "_received", "_responded", "_sub", "_touched")
 
-    _reader: Origin
+    _sub: Origin
     _responded: bool
     _auto: bool
     _received: float
@@ -84,15 +121,15 @@ class Message(RawMessage):
     @property
     def nsqd_address(self) -> str:
         """``host:port`` of the nsqd that delivered the message."""
-        return self._reader.address
+        return self._sub.address
 
     @property
     def partition(self) -> int | None:  # type: ignore[override]
         """The Youzan partition (``None`` from classic nsqd)."""
-        reader = self._reader
-        if reader.partition is not None:
-            return reader.partition
-        return RawMessage.partition.fget(self) if reader.layout.binary_id else None  # type: ignore[attr-defined]
+        sub = self._sub
+        if sub.partition is not None:
+            return sub.partition
+        return RawMessage.partition.fget(self) if sub.layout.binary_id else None  # type: ignore[attr-defined]
 
     @property
     def has_responded(self) -> bool:
@@ -106,7 +143,7 @@ class Message(RawMessage):
             NSQError: The message was already answered (called from another thread, this
                 is logged as a warning instead).
         """
-        answers = self._reader.answers
+        answers = self._sub.answers
         if not answers.on_loop():
             self._auto = False  # answered by hand: the thread must not FIN it as well
         answers.finish(self)
@@ -132,7 +169,7 @@ class Message(RawMessage):
         """
         if delay is not None:
             delay = check_requeue_delay(delay)
-        answers = self._reader.answers
+        answers = self._sub.answers
         if not answers.on_loop():
             self._auto = False
         answers.requeue(self, delay, backoff)
@@ -147,7 +184,7 @@ class Message(RawMessage):
             NSQError: The message was already answered (called from another thread, the
                 TOUCH is then simply dropped).
         """
-        self._reader.answers.touch(self)
+        self._sub.answers.touch(self)
 
     def disable_auto_response(self) -> None:
         """Stop the consumer from answering the message when the handler returns or raises.
@@ -168,9 +205,163 @@ def id_text(msg: Message) -> str:
     decimal numbers: the internal id, with the trace id when there is one.
     """
     mid = msg.id
-    if msg._reader.layout.binary_id:
+    if msg._sub.layout.binary_id:
         trace = msg.trace_id
         return f"{msg.internal_id} (trace id {trace})" if trace else str(msg.internal_id)
     if mid.isascii() and mid.isalnum():
         return mid.decode()
     return mid.hex()
+
+
+# -- the consumer's side: making a delivery, and answering it ------------------------------------
+
+
+def delivered(
+    sub: Origin, src: bytes, start: int, end: int = -1, now: float | None = None
+) -> Message:
+    """The message whose frame data is ``src[start:end]`` (``end`` -1: read from the frame's
+    size field), delivered by ``sub``: unanswered, answered by the consumer. ``now``: when
+    it came, for auto-touch (else left unset: the touch loop never looks at it).
+
+    Raises:
+        ProtocolError: The frame is too short for its layout.
+    """
+    if end < 0:
+        end = data_end(src, start)
+    layout = sub.layout
+    if layout is CLASSIC and end - start >= HEAD_SIZE:
+        # decode_span inlined for the classic hot path: one call per message fewer, about
+        # 5 % of intake's time per message (3.11, 2 CPUs: 0.72 against 0.76 us).
+        timestamp, attempts = unpack_head(src, start)
+        msg = Message(
+            timestamp,
+            attempts,
+            src[start + ID_AT : start + HEAD_SIZE],
+            src[start + HEAD_SIZE : end],
+        )
+    else:
+        msg = decode_span(src, start, end, layout, Message)
+    msg._sub = sub
+    msg._responded = False
+    msg._auto = True
+    if now is not None:
+        msg._received = msg._touched = now
+    return msg
+
+
+def owed(msg: Message) -> bool:
+    """Whether the consumer still owes ``msg`` its answer: not answered yet, by hand or
+    otherwise, and its auto response not disabled."""
+    return msg._auto and not msg._responded
+
+
+def claim_fin(msg: Message) -> bool:
+    """For a handler thread that queues the id of a message it finishes, for a later
+    :func:`write_fins`: mark ``msg`` answered if the consumer owes it its answer."""
+    if msg._auto and not msg._responded:
+        msg._responded = True
+        return True
+    return False
+
+
+def sub_of(msg: Message) -> Origin:
+    """The subscription that delivered ``msg``."""
+    return msg._sub
+
+
+def times(msg: Message) -> tuple[float, float]:
+    """When ``msg`` came and when it was last touched (set for auto-touched and ordered
+    messages only)."""
+    return msg._received, msg._touched
+
+
+def _answered(msg: Message) -> Origin:
+    if msg._responded:
+        raise NSQError(f"message {id_text(msg)} was already answered")
+    msg._responded = True
+    return msg._sub
+
+
+def _send(sub: Origin, n: int, data: bytes) -> bool:
+    """Write the answers to ``n`` messages of ``sub``; False when its connection is gone."""
+    sub.in_flight -= n  # the one place answered messages leave the count (intake adds them)
+    try:
+        sub.write(data)
+    except ConnectionClosed:
+        return False
+    return True
+
+
+def write_fin(msg: Message) -> bool:
+    """FIN ``msg``; False when its connection is gone (nsqd redelivers it).
+
+    Raises:
+        NSQError: It was answered already.
+    """
+    if _send(_answered(msg), 1, commands.fin(msg.id)):
+        return True
+    lost(msg, "finish")
+    return False
+
+
+def write_req(msg: Message, delay_ms: int) -> bool:
+    """REQ ``msg`` with ``delay_ms``; False when its connection is gone.
+
+    Raises:
+        NSQError: It was answered already.
+    """
+    if _send(_answered(msg), 1, commands.req(msg.id, delay_ms)):
+        return True
+    lost(msg, "requeue")
+    return False
+
+
+def write_touch(msg: Message) -> None:
+    """TOUCH ``msg`` (dropped when its connection is gone).
+
+    Raises:
+        NSQError: It was answered already.
+    """
+    if msg._responded:
+        raise NSQError(f"message {id_text(msg)} was already answered")
+    msg._touched = time.monotonic()
+    with contextlib.suppress(ConnectionClosed):
+        msg._sub.queue(commands.touch(msg.id))
+
+
+def write_fins(sub: Origin, ids: Sequence[bytes]) -> bool:
+    """FIN the messages ``ids`` of ``sub`` (already marked answered, or never made into
+    messages) in one write; False when its connection is gone."""
+    return _sent_all(_send(sub, len(ids), commands.fins(ids)), sub, ids, "finish")
+
+
+def write_reqs(sub: Origin, ids: Sequence[bytes], delay_ms: int) -> bool:
+    """:func:`write_fins` for REQ with ``delay_ms``."""
+    return _sent_all(_send(sub, len(ids), commands.reqs(ids, delay_ms)), sub, ids, "requeue")
+
+
+def write_touches(sub: Origin, ids: Sequence[bytes]) -> None:
+    """TOUCH the messages ``ids`` of ``sub`` in one write (dropped when its connection is
+    gone)."""
+    with contextlib.suppress(ConnectionClosed):
+        sub.write(commands.touches(ids))
+
+
+def _sent_all(sent: bool, sub: Origin, ids: Sequence[bytes], what: str) -> bool:
+    if not sent:
+        log.debug(  # the lost connection itself is logged once
+            "could not %s %d messages: connection to %s is gone; nsqd will redeliver",
+            what,
+            len(ids),
+            sub.address,
+        )
+    return sent
+
+
+def lost(msg: Message, what: str) -> None:
+    log.debug(  # per message; the lost connection itself is logged once
+        "could not %s message %s: connection to %s is gone; nsqd will redeliver it",
+        what,
+        id_text(msg),
+        msg._sub.address,
+    )
