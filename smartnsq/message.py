@@ -20,13 +20,15 @@ from typing import Protocol
 from smartnsq._checks import check_requeue_delay
 from smartnsq.errors import ConnectionClosed, NSQError
 from smartnsq.protocol import commands
-from smartnsq.protocol.frames import data_end
+from smartnsq.protocol.commands import FIN_FORMAT
+from smartnsq.protocol.frames import Span, data_end
 from smartnsq.protocol.message import (
     CLASSIC,
     HEAD_SIZE,
     ID_AT,
     MessageLayout,
     RawMessage,
+    check_spans,
     decode_span,
     unpack_head,
 )
@@ -230,8 +232,7 @@ def delivered(
         end = data_end(src, start)
     layout = sub.layout
     if layout is CLASSIC and end - start >= HEAD_SIZE:
-        # decode_span inlined for the classic hot path: one call per message fewer, about
-        # 5 % of intake's time per message (3.11, 2 CPUs: 0.72 against 0.76 us).
+        # decode_span inlined for a handler thread's classic message: one call fewer.
         timestamp, attempts = unpack_head(src, start)
         msg = Message(
             timestamp,
@@ -249,6 +250,34 @@ def delivered(
     return msg
 
 
+def delivered_read(sub: Origin, src: bytes, spans: list[Span]) -> list[Message]:
+    """:func:`delivered` for every message frame of a classic read: intake's hot path.
+
+    Inlined, with no call per message: through :func:`delivered` intake's loop took 390 ns
+    a message, inlined 305 (3.11, 100-byte bodies).
+
+    Raises:
+        ProtocolError: A frame is too short for its head.
+    """
+    out: list[Message] = []
+    append = out.append
+    for _, start, end in spans:
+        if end - start < HEAD_SIZE:
+            check_spans([(0, start, end)])  # raises
+        timestamp, attempts = unpack_head(src, start)
+        msg = Message(
+            timestamp,
+            attempts,
+            src[start + ID_AT : start + HEAD_SIZE],
+            src[start + HEAD_SIZE : end],
+        )
+        msg._sub = sub
+        msg._responded = False
+        msg._auto = True
+        append(msg)
+    return out
+
+
 def owed(msg: Message) -> bool:
     """Whether the consumer still owes ``msg`` its answer: not answered yet, by hand or
     otherwise, and its auto response not disabled."""
@@ -262,6 +291,28 @@ def claim_fin(msg: Message) -> bool:
         msg._responded = True
         return True
     return False
+
+
+def fin_owed(msg: Message) -> bool | None:
+    """The async worker's answer once its handler returned (not False): FIN ``msg`` if the
+    consumer owes it its answer (else None); False when its connection is gone.
+
+    :func:`owed` and :func:`write_fin` inlined, with the FIN formatted in place (the id was
+    cut from a frame: 16 bytes): the worker does this once per message. Through owed(),
+    Answers.fin and write_fin it took 210 ns a message, inlined 110 (the worker's loop
+    itself, 3.11).
+    """
+    if not msg._auto or msg._responded:
+        return None
+    msg._responded = True
+    sub = msg._sub
+    sub.in_flight -= 1  # as _send does
+    try:
+        sub.write(FIN_FORMAT % msg.id)
+    except ConnectionClosed:
+        lost(msg, "finish")
+        return False
+    return True
 
 
 def sub_of(msg: Message) -> Origin:
@@ -284,7 +335,7 @@ def _answered(msg: Message) -> Origin:
 
 def _send(sub: Origin, n: int, data: bytes) -> bool:
     """Write the answers to ``n`` messages of ``sub``; False when its connection is gone."""
-    sub.in_flight -= n  # the one place answered messages leave the count (intake adds them)
+    sub.in_flight -= n  # where answered messages leave the count (and fin_owed, inlined)
     try:
         sub.write(data)
     except ConnectionClosed:

@@ -15,7 +15,7 @@ from smartnsq.consumer.subscription import Subscription
 from smartnsq.consumer.threads import Threads
 from smartnsq.consumer.workers import Workers
 from smartnsq.errors import ConnectionClosed
-from smartnsq.message import Message, delivered, id_text
+from smartnsq.message import Message, delivered, delivered_read, id_text
 from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
 from smartnsq.protocol.compress import maybe_compressed, unpack
@@ -177,8 +177,7 @@ class Intake:
             queue = self.workers.queue
             append = self.sink or queue.append
             max_attempts = options.max_attempts
-            for _, start, end in spans:
-                msg = delivered(sub, src, start, end)
+            for msg in delivered_read(sub, src, spans):
                 if max_attempts and msg.attempts > max_attempts:
                     self.answers.give_up(msg)
                 else:

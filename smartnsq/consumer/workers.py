@@ -22,7 +22,7 @@ import anyio
 from smartnsq.consumer.answers import Answers
 from smartnsq.consumer.state import State
 from smartnsq.idle import IdleWorkers
-from smartnsq.message import Message, owed
+from smartnsq.message import Message, fin_owed, owed
 from smartnsq.wakeup import Wakeup
 
 # A handling begun in the read callback that has to wait: the message, and the handler's
@@ -177,6 +177,7 @@ class Workers:
         # one that suspends first lets an idle sibling take over the queue.
         state = self.state
         answers = self.answers
+        backoff = answers.pacing.backoff
         queue = self.queue
         popleft = queue.popleft
         idle = self.idle
@@ -213,11 +214,16 @@ class Workers:
             except Exception as exc:
                 answers.handler_failed(msg, exc)
             else:
-                if owed(msg):
-                    if value is False:
+                if value is False:
+                    if owed(msg):
                         answers.req(msg, None, True)
-                    else:
-                        answers.fin(msg)
+                else:
+                    # Answers.fin for the usual outcome, in one call: once per message
+                    sent = fin_owed(msg)
+                    if sent:
+                        answers.finished += 1
+                    if sent is not None and backoff.level:
+                        answers.pacing.result(success=True)
             slots[slot] = None
 
     def handle_now(self, msg: Message) -> Job | None:

@@ -113,10 +113,15 @@ def rdy(count: int) -> bytes:
     return b"RDY %d\n" % count
 
 
+#: ``FIN_FORMAT % message_id`` is ``fin(message_id)`` unchecked, for the consumer's per-message
+#: FIN of an id it cut from a frame itself (16 bytes by construction): no call.
+FIN_FORMAT = b"FIN %s\n"
+
+
 def fin(message_id: bytes) -> bytes:
     if len(message_id) != 16:  # _check_id inlined: a consumer FINs every message
         _check_id(message_id)
-    return b"FIN %s\n" % message_id
+    return FIN_FORMAT % message_id
 
 
 def req(message_id: bytes, delay_ms: int) -> bytes:
