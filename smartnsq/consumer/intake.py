@@ -41,9 +41,10 @@ class Intake:
     A read's message frames go to one sink: the handler threads (whole reads), a raw sink
     (whole reads, see :meth:`set_raw_sink`), a message sink (see :meth:`set_sink`; whole
     reads too, when it has a read sink), or the workers' queue (an ``async def`` handler,
-    or pulling). An ordered partition's reads with an async handler take the shortest way
-    (:meth:`on_ordered`). Messages are made by :func:`smartnsq.message.delivered` only; the
-    counters and RDY top-ups are settled once per read (:meth:`took`).
+    or pulling). An ordered subscription's reads (one partition) with an async handler take
+    the shortest way (:meth:`on_ordered`). Messages are made by the delivery module
+    (:func:`~smartnsq.message.delivered`, :func:`~smartnsq.message.delivered_read`) only;
+    the counters are settled once per read, in :meth:`took`.
     """
 
     __slots__ = (
@@ -107,7 +108,7 @@ class Intake:
             start()
 
     def repeats(self, sub: Subscription, src: bytes, spans: list[Span]) -> list[Span]:
-        """An ordered partition's message frames less repeats of the message last handed on.
+        """An ordered subscription's message frames less repeats of the message last handed on.
 
         nsqd sends that message again when its timeout passes while the handler still runs
         (or after a reset of the channel's position): the copy is not handed on, so that
@@ -196,9 +197,9 @@ class Intake:
             self.threads.pool.submit(sub, None, batch)
 
     def on_ordered(self, sub: Subscription, src: bytes, spans: list[Span]) -> None:
-        """``on_messages`` for an ordered partition's plain messages with an async handler
+        """``on_messages`` for an ordered subscription's plain messages with an async handler
         (nothing to skip, trace or decompress): decoded in place, the order checked inline,
-        and handled now. An ordered partition is round-trip bound: every step counts."""
+        and handled now. An ordered subscription is round-trip bound: every step counts."""
         sub.batch_time = now = time.monotonic()
         state = self.state
         if state.stopping or self.trace.active or sub.skip is not None:
