@@ -17,7 +17,7 @@ from smartnsq.consumer.subscription import Subscription
 from smartnsq.consumer.threads import Threads
 from smartnsq.consumer.workers import Workers
 from smartnsq.errors import NSQError
-from smartnsq.message import Message, delivered, owed, sub_of, times
+from smartnsq.message import Message, delivered_at, owed, sub_of, times
 from smartnsq.protocol import commands
 
 log = logging.getLogger("smartnsq.consumer")
@@ -79,7 +79,7 @@ class Drain:
         pool = self.threads.pool
         if pool is not None:
             for (sub, src, _), item in pool.take_unstarted():
-                answers.give_back(item if src is None else delivered(sub, src, item))
+                answers.give_back(item if src is None else delivered_at(sub, src, item))
             pool.close()  # running handlers finish; nothing new starts
         pulled = self.workers.pulled
         if pulled is not None and owed(pulled):

@@ -15,7 +15,7 @@ from smartnsq.consumer.subscription import Subscription
 from smartnsq.consumer.threads import Threads
 from smartnsq.consumer.workers import Workers
 from smartnsq.errors import ConnectionClosed
-from smartnsq.message import Message, delivered, delivered_read, id_text
+from smartnsq.message import Message, delivered, delivered_ordered, delivered_read, id_text
 from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
 from smartnsq.protocol.compress import maybe_compressed, unpack
@@ -218,9 +218,9 @@ class Intake:
         workers = self.workers
         idle = workers.idle
         for _, start, end in spans:
-            msg = delivered(sub, src, start, end, now)
-            internal_id, offset, attempts = msg.internal_id, msg.offset, msg.attempts
-            assert offset is not None  # an ordered subscription's layout has the offset block
+            msg, internal_id = delivered_ordered(sub, src, start, end, now)
+            offset: int = msg.offset  # type: ignore[assignment]  # never None here
+            attempts = msg.attempts
             sub.held = msg
             if internal_id < checker.last_id or offset < checker.last_offset or attempts >= warn_at:
                 self.check_order(sub, msg)  # logs and callbacks

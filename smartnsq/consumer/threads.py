@@ -27,7 +27,7 @@ from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
 from smartnsq.errors import NSQError
 from smartnsq.inbox import Inbox, Kind
-from smartnsq.message import Message, claim_fin, delivered
+from smartnsq.message import Message, claim_fin, delivered_at
 
 log = logging.getLogger("smartnsq.consumer")
 
@@ -206,7 +206,7 @@ class SyncPool:
                 except IndexError:
                     break
                 if src is not None:  # where a frame's data starts: make the message now
-                    msg = delivered(sub, src, x)
+                    msg = delivered_at(sub, src, x)
                     if max_attempts and msg.attempts > max_attempts:
                         append((give_up, msg, None))
                         continue
