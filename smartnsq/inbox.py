@@ -6,12 +6,24 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
+from enum import IntEnum
 from typing import Any
 
 from smartnsq.transport import running_on_asyncio
 from smartnsq.wakeup import Wakeup
 
 log = logging.getLogger("smartnsq.consumer")
+
+
+class Kind(IntEnum):
+    """What an item ``(kind, target, value)`` in a consumer's inbox is. Ints (the loop
+    compares them per item): bind the members to locals in a loop, enum attributes are slow
+    to look up (3.11: 90 ns against 25 ns)."""
+
+    RETURNED = 0  # a handler thread's handler returned ``value`` (not None) for ``target``
+    FAILED = 1  # the handler of message ``target`` raised ``value``
+    CALL = 2  # ``target(*value)``: an answer made on another thread (finish, requeue, touch)
+    GIVE_UP = 3  # message ``target`` is past max_attempts: its handler was not called
 
 
 def loop_caller() -> Callable[[Callable[[], object]], object]:

@@ -12,6 +12,7 @@ import pytest
 from smartnsq import Consumer, Message
 from smartnsq.consumer import Subscription
 from smartnsq.errors import ProtocolError
+from smartnsq.message import sub_of
 from smartnsq.protocol.frames import FRAME_MESSAGE, FrameDecoder, encode_frame
 from smartnsq.protocol.message import MessageLayout, RawMessage, decode_message, encode_message
 
@@ -93,7 +94,7 @@ def test_messages_decode_as_the_general_path_does() -> None:
     for name in ("timestamp", "attempts", "id", "body", "offset", "raw_size", "ext", "ext_version"):
         assert getattr(got, name) == getattr(want, name), name
     assert (got.internal_id, got.trace_id, got.partition) == (5, 12, 3)
-    assert got._reader is s.reader and not got.has_responded
+    assert sub_of(got) is s.reader and not got.has_responded
     assert s.reader.in_flight == 1
 
 

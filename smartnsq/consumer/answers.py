@@ -1,17 +1,14 @@
-"""Answers: FIN, REQ and TOUCH, for one message or a run of ids, from the loop or from any
-thread; giving up on a message; a handler's failure or result. Written here once.
-
-The one exception is the async worker's FIN (smartnsq.consumer.workers), inlined there
-because it runs once per message; it keeps to what :meth:`Answers.fin` does.
+"""Answers: what FIN, REQ and TOUCH mean to the consumer, for one message or a run of ids,
+from the loop or from any thread (the counters, backoff, refusals); giving up on a message;
+a handler's failure or result. The commands themselves are written by the delivery module
+(:mod:`smartnsq.message`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
@@ -21,16 +18,25 @@ from smartnsq.consumer.deadletters import DeadLetterTopic
 from smartnsq.consumer.pacing import Pacing
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
-from smartnsq.errors import ConnectionClosed, FinFailed, NSQError, ReqFailed, ServerError
-from smartnsq.inbox import Inbox
-from smartnsq.message import Message, id_text
+from smartnsq.errors import FinFailed, NSQError, ReqFailed, ServerError
+from smartnsq.inbox import Inbox, Kind
+from smartnsq.message import (
+    Message,
+    id_text,
+    owed,
+    sub_of,
+    write_fin,
+    write_fins,
+    write_req,
+    write_reqs,
+    write_touch,
+    write_touches,
+)
 from smartnsq.notice import handler_failed
-from smartnsq.protocol import commands
 
 log = logging.getLogger("smartnsq.consumer")
 
 Outcome = Literal["finish", "requeue", "back"]
-CALL = 2  # inbox item (CALL, function, args): an answer made on another thread
 
 
 class Answers:
@@ -100,10 +106,10 @@ class Answers:
             self._settle_now(msg, outcome)
 
     def _settle_now(self, msg: Message, outcome: Outcome) -> None:
-        if msg._responded:
+        if msg.has_responded:
             return
         if outcome == "finish":
-            if msg._auto:
+            if owed(msg):
                 self.fin(msg)
         elif outcome == "requeue":
             self.req(msg, None, True)
@@ -122,25 +128,16 @@ class Answers:
         inbox = self.inbox
         if inbox is None:
             raise NSQError("the consumer is not running")
-        inbox.put((CALL, fn, args))
+        inbox.put((Kind.CALL, fn, args))
 
     def _touch_unless_answered(self, msg: Message) -> None:
-        if not msg._responded:
+        if not msg.has_responded:
             self.touch_now(msg)
 
     # -- one message, on the loop -----------------------------------------------------------------
 
     def fin(self, msg: Message, count: bool = True) -> None:
-        if msg._responded:
-            raise NSQError(f"message {id_text(msg)} was already answered")
-        msg._responded = True
-        sub: Subscription = msg._reader  # type: ignore[assignment]
-        sub.in_flight -= 1
-        try:
-            sub.write(b"FIN %s\n" % msg.id)
-        except ConnectionClosed:
-            lost(msg, "finish")
-        else:
+        if write_fin(msg):
             if count:
                 self.finished += 1
             else:
@@ -149,21 +146,13 @@ class Answers:
             self.pacing.result(success=True)
 
     def req(self, msg: Message, delay: float | None, backoff: bool) -> None:
-        sub: Subscription = msg._reader  # type: ignore[assignment]
+        sub: Subscription = sub_of(msg)  # type: ignore[assignment]
         if sub.ordered:
             delay = 0  # an ordered channel ignores REQ delays: the message must come back now
         elif delay is None:
             options = self.state.options
             delay = min(options.requeue_delay * msg.attempts, options.max_requeue_delay)
-        if msg._responded:
-            raise NSQError(f"message {id_text(msg)} was already answered")
-        msg._responded = True
-        sub.in_flight -= 1
-        try:
-            sub.write(commands.req(msg.id, int(delay * 1000)))
-        except ConnectionClosed:
-            lost(msg, "requeue")
-        else:
+        if write_req(msg, int(delay * 1000)):
             self.requeued += 1
         if backoff:
             self.pacing.failed(redelivery=msg.attempts > 1)
@@ -196,18 +185,14 @@ class Answers:
         self.req(msg, 0, False)
 
     def touch_now(self, msg: Message) -> None:
-        if msg._responded:
-            raise NSQError(f"message {id_text(msg)} was already answered")
-        msg._touched = time.monotonic()
-        with contextlib.suppress(ConnectionClosed):
-            msg._reader.conn.queue(commands.touch(msg.id))  # type: ignore[attr-defined]
+        write_touch(msg)
 
     # -- a run of ids of one subscription, on the loop (threads, raw sinks) ------------------------
 
     def finish_ids(self, sub: Subscription, ids: list[bytes]) -> None:
         """FIN ``ids`` (received on ``sub``) in one write."""
         n = len(ids)
-        if self._write(sub, ids, b"FIN ", b"\n", "finish"):
+        if write_fins(sub, ids):
             self.finished += n
         if self.pacing.backoff.level:
             for _ in range(n):
@@ -215,36 +200,18 @@ class Answers:
 
     def requeue_ids(self, sub: Subscription, ids: list[bytes]) -> None:
         """REQ ``ids`` (received on ``sub``) for redelivery now, in one write."""
-        if self._write(sub, ids, b"REQ ", b" 0\n", "requeue"):
+        if write_reqs(sub, ids, 0):
             self.requeued += len(ids)
 
     def touch_ids(self, sub: Subscription, ids: list[bytes]) -> None:
         """TOUCH ``ids`` (received on ``sub``) in one write."""
-        with contextlib.suppress(ConnectionClosed):
-            sub.write(b"TOUCH " + b"\nTOUCH ".join(ids) + b"\n")
-
-    @staticmethod
-    def _write(sub: Subscription, ids: list[bytes], head: bytes, tail: bytes, what: str) -> bool:
-        """One write of ``head + id + tail`` for each id; False when the connection is gone
-        (nsqd redelivers them)."""
-        sub.in_flight -= len(ids)
-        try:
-            sub.write(head + (tail + head).join(ids) + tail)
-        except ConnectionClosed:
-            log.debug(  # the lost connection itself is logged once
-                "could not %s %d messages: connection to %s is gone; nsqd will redeliver",
-                what,
-                len(ids),
-                sub.address,
-            )
-            return False
-        return True
+        write_touches(sub, ids)
 
     # -- outcomes ---------------------------------------------------------------------------------
 
     def answer(self, msg: Message, value: Any) -> None:
         """What the handler's result ``value`` asks for (unless answered by hand)."""
-        if msg._auto and not msg._responded:
+        if owed(msg):
             if value is False:
                 self.req(msg, None, True)
             else:
@@ -282,7 +249,7 @@ class Answers:
         handler_failed(log, f"message {id_text(msg)}, attempt {msg.attempts}", exc)
         if self.dead is not None:
             self.dead.errors.failed(msg, exc)
-        if msg._auto and not msg._responded:
+        if owed(msg):
             self.req(msg, None, True)
 
     def give_up(self, msg: Message) -> None:
@@ -302,7 +269,7 @@ class Answers:
             )
         else:
             self.giving_up(msg, None)
-        if not msg._responded:
+        if not msg.has_responded:
             self.fin(msg, count=False)
 
     def giving_up(self, msg: Message, reason: Exception | None) -> None:
@@ -335,12 +302,3 @@ def refused_key(description: str) -> str:
     if rest.startswith("["):  # a Go byte list: spaces inside
         return rest[: rest.find("]") + 1]
     return rest.split(" ", 1)[0]
-
-
-def lost(msg: Message, what: str) -> None:
-    log.debug(  # per message; the lost connection itself is logged once
-        "could not %s message %s: connection to %s is gone; nsqd will redeliver it",
-        what,
-        id_text(msg),
-        msg._reader.address,
-    )

@@ -30,7 +30,7 @@ from smartnsq.errors import (
     TopicNotFound,
 )
 from smartnsq.lookup.manager import LookupManager
-from smartnsq.message import Message, id_text
+from smartnsq.message import Message, id_text, sub_of
 from smartnsq.notice import warn_unheard
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ class DeadLetterTopic:
 
     async def _send(self, msg: Message, answers: Settle) -> None:
         self.queued.discard(msg)
-        if msg._responded:  # a stop gave it back before the copy started
+        if msg.has_responded:  # a stop gave it back before the copy started
             self.pending.discard(msg)
             return
         try:
@@ -158,22 +158,22 @@ class DeadLetterTopic:
                 raise NSQError("the dead-letter producer is not running")
             await self.letters.send(producer, msg, error)
         except REFUSED_FOR_GOOD as exc:
-            if msg._responded:  # a stop gave it back meanwhile
+            if msg.has_responded:  # a stop gave it back meanwhile
                 return
             self._refused(msg, exc)
             answers.discarded += 1
             answers.giving_up(msg, exc)
-            if not msg._responded:
+            if not msg.has_responded:
                 answers.fin(msg, count=False)
             return
         except NSQError as exc:
             if error is not None:
                 self.errors.failed(msg, error)  # for the next give-up
-            if msg._responded:
+            if msg.has_responded:
                 return
             options = self.state.options
             delay = retry_delay(msg, options.max_attempts, options.max_requeue_delay)
-            sub: Subscription = msg._reader  # type: ignore[assignment]
+            sub: Subscription = sub_of(msg)  # type: ignore[assignment]
             if sub.ordered:
                 # An ordered partition redelivers a REQ at once whatever its delay, and holds
                 # the rest behind it anyway: hold the message for the delay (kept alive).
@@ -193,12 +193,12 @@ class DeadLetterTopic:
                     await anyio.sleep(delay)
                 finally:
                     self.held.discard(msg)
-                if msg._responded:  # a stop gave it back meanwhile
+                if msg.has_responded:  # a stop gave it back meanwhile
                     return
             # No backoff: the other messages are not at fault, they keep flowing.
             answers.req(msg, delay, False)
             return
-        if msg._responded:  # a stop gave it back meanwhile: it comes again, copied again
+        if msg.has_responded:  # a stop gave it back meanwhile: it comes again, copied again
             log.info(
                 "message %s was copied to %s after the stop requeued it: it will be copied "
                 "again when it comes back",

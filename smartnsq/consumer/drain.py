@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from typing import cast
 
 import anyio
 
@@ -13,10 +14,10 @@ from smartnsq.consumer.intake import Intake
 from smartnsq.consumer.nodes import Nodes
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
-from smartnsq.consumer.threads import Threads, build_message
+from smartnsq.consumer.threads import Threads
 from smartnsq.consumer.workers import Workers
 from smartnsq.errors import NSQError
-from smartnsq.message import Message
+from smartnsq.message import Message, delivered_at, owed, sub_of, times
 from smartnsq.protocol import commands
 
 log = logging.getLogger("smartnsq.consumer")
@@ -78,10 +79,10 @@ class Drain:
         pool = self.threads.pool
         if pool is not None:
             for (sub, src, _), item in pool.take_unstarted():
-                answers.give_back(item if src is None else build_message(sub, src, item))
+                answers.give_back(item if src is None else delivered_at(sub, src, item))
             pool.close()  # running handlers finish; nothing new starts
         pulled = self.workers.pulled
-        if pulled is not None and pulled._auto and not pulled._responded:
+        if pulled is not None and owed(pulled):
             if pulled_done:
                 answers.fin(pulled)
             else:
@@ -115,7 +116,7 @@ class Drain:
                 anyio.current_time() - started,  # a second stop may have cut the wait
             )
         for msg in running:
-            if not msg._responded:
+            if not msg.has_responded:
                 answers.give_back(msg)
         self.workers.release()
         with anyio.CancelScope(shield=True):
@@ -148,16 +149,17 @@ class Drain:
                 # An ordered message waiting its turn or held by a sink's thread (or pulled
                 # with ``async for``): its partition waits for it too.
                 held = sub.held
-                if held is not None and not held._responded:
+                if held is not None and not held.has_responded:
                     running.append(held)
             for msg in running:
-                reader = msg._reader
-                if not (every or reader.ordered):  # type: ignore[attr-defined]
+                sub = cast(Subscription, sub_of(msg))
+                if not (every or sub.ordered):
                     continue
-                features = reader.conn.features  # type: ignore[attr-defined]
-                if msg._responded or now - msg._received >= features.max_msg_timeout:
+                features = sub.conn.features
+                received, touched = times(msg)
+                if msg.has_responded or now - received >= features.max_msg_timeout:
                     continue
-                if now - msg._touched >= features.msg_timeout / 2:
+                if now - touched >= features.msg_timeout / 2:
                     with contextlib.suppress(NSQError):  # a handler thread just answered it
                         self.answers.touch_now(msg)
 

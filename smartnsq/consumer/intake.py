@@ -1,17 +1,9 @@
-"""Intake: a connection's reads, turned into deliveries for whoever takes them.
-
-Each read's message frames go to one sink: the handler threads (whole reads), a raw sink
-(whole reads, see :meth:`Intake.set_raw_sink`), a message sink (see
-:meth:`Intake.set_sink`; whole reads too, when it has a read sink), or the workers' queue
-(an ``async def`` handler, or pulling).
-Counters and RDY top-ups are settled once per read.
-"""
+"""Intake: a subscription's reads, turned into deliveries for whoever takes them."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import struct
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -20,20 +12,18 @@ from smartnsq.connection import Connection
 from smartnsq.consumer.answers import Answers
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
-from smartnsq.consumer.threads import Threads, build_message
+from smartnsq.consumer.threads import Threads
 from smartnsq.consumer.workers import Workers
-from smartnsq.errors import ConnectionClosed, ProtocolError
-from smartnsq.message import Message, id_text
+from smartnsq.errors import ConnectionClosed
+from smartnsq.message import Message, delivered, delivered_ordered, delivered_read, id_text
 from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
 from smartnsq.protocol.compress import maybe_compressed, unpack
 from smartnsq.protocol.frames import Span
-from smartnsq.protocol.message import CLASSIC, OFFSET_HEAD, decode_message
+from smartnsq.protocol.message import CLASSIC, HEAD_SIZE, ID_AT, check_spans, unpack_head
 from smartnsq.trace import TraceSwitch, emit
 
 log = logging.getLogger("smartnsq.consumer")
-
-_unpack_head = struct.Struct(">qH").unpack_from
 
 #: Takes a subscription's read as it came: the read buffer and its message frames' spans,
 #: each frame's data being ``[timestamp][attempts][id][body]``.
@@ -46,6 +36,17 @@ ReadSink = Callable[[Subscription, bytes, list[Span]], None]
 
 
 class Intake:
+    """Turns each read of a subscription into deliveries.
+
+    A read's message frames go to one sink: the handler threads (whole reads), a raw sink
+    (whole reads, see :meth:`set_raw_sink`), a message sink (see :meth:`set_sink`; whole
+    reads too, when it has a read sink), or the workers' queue (an ``async def`` handler,
+    or pulling). An ordered subscription's reads (one partition) with an async handler take
+    the shortest way (:meth:`on_ordered`). Messages are made by the delivery module
+    (:func:`~smartnsq.message.delivered`, :func:`~smartnsq.message.delivered_read`) only;
+    the counters are settled once per read, in :meth:`took`.
+    """
+
     __slots__ = (
         "answers",
         "order",
@@ -86,15 +87,15 @@ class Intake:
         taken (any thread); one past ``max_attempts`` is given up (on the loop) instead."""
         max_attempts = self.state.options.max_attempts
         answers = self.answers
-        for _, start, _ in spans:
-            msg = build_message(sub, src, start)
+        for _, start, end in spans:
+            msg = delivered(sub, src, start, end)
             if max_attempts and msg.attempts > max_attempts:
                 answers.give_up_anywhere(msg)
             else:
                 yield msg
 
     def attach(self, sub: Subscription, conn: Connection) -> None:
-        """Route the message frames of the connection's reads to the subscription."""
+        """Route the message frames of ``sub``'s reads (on ``conn``, its connection) here."""
         options = self.state.options
         if sub.straight and options.async_handler:
             conn.on_messages = partial(self.on_ordered, sub)
@@ -107,7 +108,7 @@ class Intake:
             start()
 
     def repeats(self, sub: Subscription, src: bytes, spans: list[Span]) -> list[Span]:
-        """An ordered partition's message frames less repeats of the message last handed on.
+        """An ordered subscription's message frames less repeats of the message last handed on.
 
         nsqd sends that message again when its timeout passes while the handler still runs
         (or after a reset of the channel's position): the copy is not handed on, so that
@@ -119,11 +120,11 @@ class Intake:
         fresh = []
         for span in spans:
             _, start, end = span
-            if end - start < 26:  # the decoding that follows raises ProtocolError
+            if end - start < HEAD_SIZE:  # the decoding that follows raises ProtocolError
                 fresh.append(span)
                 continue
-            mid = src[start + 10 : start + 26]
-            attempts = _unpack_head(src, start)[1]
+            mid = src[start + ID_AT : start + HEAD_SIZE]
+            attempts = unpack_head(src, start)[1]
             if mid == sub.last_id:
                 if sub.in_flight:
                     log.debug(
@@ -150,12 +151,7 @@ class Intake:
                 return
         state = self.state
         options = state.options
-        n = len(spans)
-        sub.in_flight += n
-        sub.rdy_left -= n
-        sub.received += n
-        state.received += n
-        sub.last_message = sub.batch_time
+        self.took(sub, len(spans), sub.batch_time)
         # Top up before it runs dry (not an ordered RDY 1: nsqd keeps it, as a window).
         if (
             sub.rdy
@@ -175,25 +171,15 @@ class Intake:
             if whole is None and pool is not None:
                 whole = pool.submit
             if whole is not None:
-                for _, start, end in spans:
-                    if end - start < 26:
-                        raise ProtocolError(f"message frame too short ({end - start} bytes)")
+                check_spans(spans)
                 whole(sub, src, spans)
                 return
             # Hot path: classic frames straight to the workers' queue (or the sink).
             queue = self.workers.queue
             append = self.sink or queue.append
             max_attempts = options.max_attempts
-            for _, start, end in spans:
-                if end - start < 26:
-                    raise ProtocolError(f"message frame too short ({end - start} bytes)")
-                timestamp, attempts = _unpack_head(src, start)
-                mid = src[start + 10 : start + 26]
-                msg = Message(timestamp, attempts, mid, src[start + 26 : end])
-                msg._reader = sub
-                msg._responded = False
-                msg._auto = True
-                if max_attempts and attempts > max_attempts:
+            for msg in delivered_read(sub, src, spans):
+                if max_attempts and msg.attempts > max_attempts:
                     self.answers.give_up(msg)
                 else:
                     append(msg)
@@ -201,8 +187,9 @@ class Intake:
                 self.workers.wake()
             return
         batch = []
+        now = sub.batch_time
         for _, start, end in spans:
-            msg = decode_message(src[start:end], sub.layout, Message)
+            msg = delivered(sub, src, start, end, now)
             if self.on_message(sub, msg):
                 batch.append(msg)
         if batch:
@@ -210,9 +197,9 @@ class Intake:
             self.threads.pool.submit(sub, None, batch)
 
     def on_ordered(self, sub: Subscription, src: bytes, spans: list[Span]) -> None:
-        """``on_messages`` for an ordered partition's plain messages with an async handler
+        """``on_messages`` for an ordered subscription's plain messages with an async handler
         (nothing to skip, trace or decompress): decoded in place, the order checked inline,
-        and handled now. An ordered partition is round-trip bound: every step counts."""
+        and handled now. An ordered subscription is round-trip bound: every step counts."""
         sub.batch_time = now = time.monotonic()
         state = self.state
         if state.stopping or self.trace.active or sub.skip is not None:
@@ -221,12 +208,7 @@ class Intake:
         spans = self.repeats(sub, src, spans)
         if not spans:
             return
-        n = len(spans)  # the counters as in on_messages; an ordered RDY is never topped up
-        sub.in_flight += n
-        sub.rdy_left -= n
-        sub.received += n
-        state.received += n
-        sub.last_message = now
+        self.took(sub, len(spans), now)  # an ordered RDY is never topped up
         checker = self.order.get(sub.partition)
         if checker is None:
             checker = self.order[sub.partition] = OrderChecker()
@@ -236,23 +218,9 @@ class Intake:
         workers = self.workers
         idle = workers.idle
         for _, start, end in spans:
-            if end - start < 38:
-                raise ProtocolError("message frame ends before its offset block")
-            timestamp, attempts, internal_id, offset, raw_size = OFFSET_HEAD.unpack_from(src, start)
-            msg = Message(
-                timestamp,
-                attempts,
-                src[start + 10 : start + 26],
-                src[start + 38 : end],
-                0,
-                None,
-                offset,
-                raw_size,
-            )
-            msg._reader = sub
-            msg._responded = False
-            msg._auto = True
-            msg._received = msg._touched = now
+            msg, internal_id = delivered_ordered(sub, src, start, end, now)
+            offset: int = msg.offset  # type: ignore[assignment]  # never None here
+            attempts = msg.attempts
             sub.held = msg
             if internal_id < checker.last_id or offset < checker.last_offset or attempts >= warn_at:
                 self.check_order(sub, msg)  # logs and callbacks
@@ -267,16 +235,17 @@ class Intake:
                 workers.queue.append(msg)
                 workers.wake(eager=True)
 
+    def took(self, sub: Subscription, n: int, now: float) -> None:
+        """``n`` messages of one read arrived at ``now``: the one place intake counts them."""
+        sub.took(n, now)
+        self.state.received += n
+
     def on_message(self, sub: Subscription, msg: Message) -> bool:
-        """Account for one decoded message; True when it is for the handler threads."""
+        """Account for one message made by :func:`delivered`; True when it is for the
+        handler threads."""
         state = self.state
         options = state.options
         answers = self.answers
-        msg._reader = sub
-        msg._responded = False
-        msg._auto = True
-        if options.auto_touch or sub.ordered:
-            msg._received = msg._touched = sub.batch_time
         if sub.ordered:
             sub.held = msg
         skip = sub.skip

@@ -102,6 +102,18 @@ class Subscription:
         self.rdy_since = now
         self.batch_time = now
 
+    def took(self, n: int, now: float) -> None:
+        """``n`` messages arrived at ``now``: in flight until answered (see
+        :func:`smartnsq.message.write_fin`), and taken from the RDY window."""
+        self.in_flight += n
+        self.rdy_left -= n
+        self.received += n
+        self.last_message = now
+
+    def queue(self, data: bytes) -> None:
+        """Send ``data`` soon, coalesced with other commands (a TOUCH)."""
+        self.conn.queue(data)
+
     def before_read(self) -> None:
         """Once per batch of received frames: one clock read instead of one per message."""
         self.batch_time = time.monotonic()

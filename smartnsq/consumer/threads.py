@@ -1,7 +1,7 @@
 """Handler threads: plain (``def``) handlers run in worker threads, so the event loop keeps
 answering heartbeats; :class:`Threads` bridges their outcomes back to the loop.
 
-The loop hands over each read as one job: the connection's reader, the read buffer and the
+The loop hands over each read as one job: the subscription, the read buffer and the
 message frames' spans (or, off the hot path, messages it already decoded). A thread builds
 each message right before calling the handler, so a message lives only as long as its
 handler runs (no pile of queued objects for the garbage collector to walk), and for the
@@ -13,7 +13,6 @@ FIN command per batch without touching the messages again. Other outcomes go thr
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -23,42 +22,22 @@ from typing import Any
 
 import anyio
 
-from smartnsq.consumer.answers import CALL, Answers
+from smartnsq.consumer.answers import Answers
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
 from smartnsq.errors import NSQError
-from smartnsq.inbox import Inbox
-from smartnsq.message import Message
+from smartnsq.inbox import Inbox, Kind
+from smartnsq.message import Message, claim_fin, delivered_at
 
 log = logging.getLogger("smartnsq.consumer")
 
-# Inbox items from a thread, (kind, message, value):
-RETURNED = 0  # the handler returned ``value``, not None
-FAILED = 1  # the handler raised ``value``
-GIVE_UP = 3  # past max_attempts: the handler was not called
-
 BATCH = 256  # outcomes after which a busy thread wakes the loop even with work queued
 
-_unpack_head = struct.Struct(">qH").unpack_from
-_unpack_size = struct.Struct(">i").unpack_from
-
-# A job: (subscription, read buffer, where each message frame's data starts in it) or (reader,
-# None, messages); threads pop from the deque. Plain ints, unlike span tuples, are no work
-# for the garbage collector while they wait.
+# A job: (subscription, read buffer, where each message frame's data starts in it) or
+# (subscription, None, messages); threads pop from the deque. Plain ints, unlike span tuples,
+# are no work for the garbage collector while they wait.
 Job = tuple[Subscription, bytes | None, deque[Any]]
 _start = itemgetter(1)
-
-
-def build_message(reader: Subscription, src: bytes, start: int) -> Message:
-    """The message whose frame data starts at ``start`` in ``src`` (the threads' hot loop
-    has this inlined)."""
-    end = start - 4 + _unpack_size(src, start - 8)[0]  # the frame's size field counts its type
-    timestamp, attempts = _unpack_head(src, start)
-    msg = Message(timestamp, attempts, src[start + 10 : start + 26], src[start + 26 : end])
-    msg._reader = reader
-    msg._responded = False
-    msg._auto = True
-    return msg
 
 
 class SyncPool:
@@ -85,7 +64,7 @@ class SyncPool:
         self.active = 0  # threads not waiting for work
         self.jobs: list[Job | None] = []  # the job each thread works on
         self.owned: dict[int, Message] = {}  # thread index -> message its handler runs
-        # Per thread: a Subscription, then the ids of the messages of that reader to FIN.
+        # Per thread: a Subscription, then the ids of the messages of that subscription to FIN.
         self.fins: list[deque[Any]] = []
         self._seen: list[Message | None] = []
         self.closed = False
@@ -95,10 +74,10 @@ class SyncPool:
         """Messages no thread has started yet."""
         return sum(len(job[2]) for job in self._all_jobs())
 
-    def submit(self, reader: Subscription, src: bytes | None, items: list[Any]) -> None:
+    def submit(self, sub: Subscription, src: bytes | None, items: list[Any]) -> None:
         """Queue one read's frame spans (with ``src``) or messages (``src=None``) (on the
         loop)."""
-        self._queue.append((reader, src, deque(items if src is None else map(_start, items))))
+        self._queue.append((sub, src, deque(items if src is None else map(_start, items))))
         with self._cond:
             # A thread running or on its way gets to them (check() adds one if it is stuck).
             if not self.active and not self._waking:
@@ -194,6 +173,7 @@ class SyncPool:
         fin = fins.append
         max_attempts = self._max_attempts
         queue = self._queue
+        returned, failed, give_up = Kind.RETURNED, Kind.FAILED, Kind.GIVE_UP
         with cond:
             self._waking -= 1
         unsent = 0
@@ -215,8 +195,8 @@ class SyncPool:
                         self._waking -= 1
                 continue
             self.jobs[index] = job
-            reader, src, items = job
-            fin(reader)
+            sub, src, items = job
+            fin(sub)
             popleft = items.popleft
             # The hot loop: no lock; the loop is woken once the work runs out (or every
             # BATCH outcomes): waking it sooner hands it the GIL mid-batch for a few FINs.
@@ -225,18 +205,10 @@ class SyncPool:
                     x = popleft()
                 except IndexError:
                     break
-                if src is not None:  # where a frame's data starts: build the message now
-                    start = x
-                    end = start - 4 + _unpack_size(src, start - 8)[0]
-                    timestamp, attempts = _unpack_head(src, start)
-                    msg = Message(
-                        timestamp, attempts, src[start + 10 : start + 26], src[start + 26 : end]
-                    )
-                    msg._reader = reader
-                    msg._responded = False
-                    msg._auto = True
-                    if max_attempts and attempts > max_attempts:
-                        append((GIVE_UP, msg, None))
+                if src is not None:  # where a frame's data starts: make the message now
+                    msg = delivered_at(sub, src, x)
+                    if max_attempts and msg.attempts > max_attempts:
+                        append((give_up, msg, None))
                         continue
                 else:
                     msg = x
@@ -245,13 +217,12 @@ class SyncPool:
                     result = handler(msg)
                 except BaseException as exc:  # any failure is the message's failure
                     owned.pop(index, None)
-                    append((FAILED, msg, exc))
+                    append((failed, msg, exc))
                 else:
                     mine = owned.pop(index, None) is msg  # else stop() took it over
                     if result is not None:
-                        append((RETURNED, msg, result))
-                    elif mine and msg._auto and not msg._responded:
-                        msg._responded = True
+                        append((returned, msg, result))
+                    elif mine and claim_fin(msg):
                         fin(msg.id)
                 unsent += 1
                 if (unsent >= BATCH or not (items or queue)) and not inbox.scheduled:
@@ -284,7 +255,7 @@ class Threads:
         options = state.options
         quick = partial(self._send_fins, False)
         self.inbox = inbox = self.answers.inbox = Inbox(self._on_inbox, quick, kick)
-        state.defer = lambda fn: inbox.put((CALL, fn, ()))
+        state.defer = lambda fn: inbox.put((Kind.CALL, fn, ()))
         if kick is None:
             state.spawn(self.inbox.run)
         if options.handler is not None and not options.async_handler:
@@ -312,16 +283,17 @@ class Threads:
         (calls from a thread before the FINs they may precede)."""
         answers = self.answers
         popleft = items.popleft
+        returned, failed, give_up = Kind.RETURNED, Kind.FAILED, Kind.GIVE_UP
         while items:
             kind, target, value = popleft()
-            if kind == RETURNED:
+            if kind == returned:
                 answers.handler_returned(target, value)
-            elif kind == FAILED:
+            elif kind == failed:
                 answers.handler_failed(target, value)
-            elif kind == GIVE_UP:
+            elif kind == give_up:
                 answers.give_up(target)
-            else:  # CALL: finish(), requeue() or touch() from a thread
-                assert kind == CALL
+            else:  # finish(), requeue() or touch() from a thread
+                assert kind == Kind.CALL
                 try:
                     target(*value)
                 except NSQError as exc:  # say, answered twice; the thread cannot be told

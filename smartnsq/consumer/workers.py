@@ -19,12 +19,10 @@ from typing import Any
 
 import anyio
 
-from smartnsq.consumer.answers import Answers, lost
+from smartnsq.consumer.answers import Answers
 from smartnsq.consumer.state import State
-from smartnsq.consumer.subscription import Subscription
-from smartnsq.errors import ConnectionClosed
 from smartnsq.idle import IdleWorkers
-from smartnsq.message import Message
+from smartnsq.message import Message, fin_owed, owed
 from smartnsq.wakeup import Wakeup
 
 # A handling begun in the read callback that has to wait: the message, and the handler's
@@ -74,7 +72,7 @@ class Workers:
         """The next message for ``async for``; the one pulled before is finished (unless
         answered by hand or its auto response disabled)."""
         prev = self.pulled
-        if prev is not None and prev._auto and not prev._responded:
+        if prev is not None and owed(prev):
             self.answers.fin(prev)
         self.pulled = None
         while not self.queue:
@@ -217,20 +215,14 @@ class Workers:
                 answers.handler_failed(msg, exc)
             else:
                 if value is False:
-                    if msg._auto and not msg._responded:
+                    if owed(msg):
                         answers.req(msg, None, True)
-                elif msg._auto and not msg._responded:
-                    # Answers.fin inlined: this runs once per message
-                    msg._responded = True
-                    sub: Subscription = msg._reader  # type: ignore[assignment]
-                    sub.in_flight -= 1
-                    try:
-                        sub.write(b"FIN %s\n" % msg.id)
-                    except ConnectionClosed:
-                        lost(msg, "finish")
-                    else:
+                else:
+                    # Answers.fin for the usual outcome, in one call: once per message
+                    sent = fin_owed(msg)
+                    if sent:
                         answers.finished += 1
-                    if backoff.level:
+                    if sent is not None and backoff.level:
                         answers.pacing.result(success=True)
             slots[slot] = None
 

@@ -23,6 +23,7 @@ DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 
 _HEAD = struct.Struct(">iI")
 _unpack_head = _HEAD.unpack_from
+_unpack_size = struct.Struct(">i").unpack_from
 
 Frame = tuple[int, bytes]
 
@@ -148,6 +149,20 @@ class FrameDecoder:
         ftype: int
         size, ftype = _unpack_head(data, 0)
         return ftype == FRAME_MESSAGE and size == n - 4 and size <= self.max_frame_size
+
+
+# A frame's data starts FRAME_HEAD bytes after the frame, and its size field, first, counts
+# the 4-byte type field before the data too: the data of the frame whose data starts at
+# ``start`` ends at ``start - SIZE_BIAS + unpack_size(src, start - FRAME_HEAD)[0]``.
+FRAME_HEAD = 8
+SIZE_BIAS = 4
+unpack_size = _unpack_size
+
+
+def data_end(src: bytes, start: int) -> int:
+    """Where the data of the frame whose data starts at ``start`` in ``src`` ends (a span's
+    end, for those that keep only its start)."""
+    return start - SIZE_BIAS + int(_unpack_size(src, start - FRAME_HEAD)[0])
 
 
 def encode_frame(frame_type: int, data: bytes) -> bytes:

@@ -21,16 +21,28 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from smartnsq.errors import ProtocolError
+from smartnsq.protocol.frames import Span
 
 _HEAD = struct.Struct(">qH")
 _U16 = struct.Struct(">H")
 _U64 = struct.Struct(">Q")
 _OFFSET = struct.Struct(">QI")
 _TRACED = struct.Struct(">QQQI")
+# Where the parts of a message frame's data are, for hot paths that cut a read buffer in
+# place (``start`` being where the frame's data starts in it): the id is
+# ``src[start + ID_AT : start + HEAD_SIZE]``; a classic message's body starts at
+# ``start + HEAD_SIZE``, an ordered (or advanced) one's with no ext header at
+# ``start + OFFSET_HEAD_SIZE``.
+ID_AT = 10
+HEAD_SIZE = 26
+OFFSET_HEAD_SIZE = 38
+#: ``unpack_head(src, start)``: the ``(timestamp, attempts)`` of the frame data at ``start``.
+unpack_head = _HEAD.unpack_from
 # An ordered (or advanced) message with no ext header: timestamp, attempts, internal id, the
-# trace id skipped, queue offset and raw size; the body follows. For hot paths that decode in
-# place instead of through decode_message.
+# trace id skipped, queue offset and raw size; the body follows.
 OFFSET_HEAD = struct.Struct(">qHQ8xQI")
+# The same with the trace id, signed (as Spark's long columns want it).
+TRACED_OFFSET_HEAD = struct.Struct(">qHQqQI")
 
 EXT_NONE = 0
 EXT_TAG = 2
@@ -148,6 +160,56 @@ def decode_message(data: bytes, layout: MessageLayout, cls: type[M]) -> M:
         offset, raw_size = _OFFSET.unpack_from(data, pos)
         pos += 12
     return cls(timestamp, attempts, data[10:26], data[pos:], ext_version, ext, offset, raw_size)
+
+
+def decode_span(src: bytes, start: int, end: int, layout: MessageLayout, cls: type[M]) -> M:
+    """:func:`decode_message` of the frame data ``src[start:end]``, cut in place (no copy
+    of the frame) for the layouts hot paths see: classic, and ordered without ext."""
+    if layout.ext:
+        return decode_message(src[start:end], layout, cls)
+    if layout.offset:
+        if end - start < OFFSET_HEAD_SIZE:
+            raise ProtocolError("message frame ends before its offset block")
+        timestamp, attempts, _, offset, raw_size = OFFSET_HEAD.unpack_from(src, start)
+        return cls(
+            timestamp,
+            attempts,
+            src[start + ID_AT : start + HEAD_SIZE],
+            src[start + OFFSET_HEAD_SIZE : end],
+            EXT_NONE,
+            None,
+            offset,
+            raw_size,
+        )
+    if end - start < HEAD_SIZE:
+        raise ProtocolError(f"message frame too short ({end - start} bytes, need at least 26)")
+    timestamp, attempts = _HEAD.unpack_from(src, start)
+    return cls(
+        timestamp, attempts, src[start + ID_AT : start + HEAD_SIZE], src[start + HEAD_SIZE : end]
+    )
+
+
+def check_spans(spans: list[Span]) -> None:
+    """Raise ProtocolError unless every message frame of a classic read holds a whole head
+    (what :func:`span_ids`, :func:`span_heads` and :func:`span_bodies` cut)."""
+    for _, start, end in spans:
+        if end - start < HEAD_SIZE:
+            raise ProtocolError(f"message frame too short ({end - start} bytes, need at least 26)")
+
+
+def span_ids(src: bytes, spans: list[Span]) -> list[bytes]:
+    """The message ids of a read's message frames (any layout)."""
+    return [src[start + ID_AT : start + HEAD_SIZE] for _, start, _ in spans]
+
+
+def span_heads(src: bytes, spans: list[Span]) -> list[tuple[int, int]]:
+    """The ``(timestamp, attempts)`` of a read's message frames (any layout)."""
+    return [_HEAD.unpack_from(src, start) for _, start, _ in spans]
+
+
+def span_bodies(src: bytes, spans: list[Span]) -> list[bytes]:
+    """The bodies of a classic read's message frames."""
+    return [src[start + HEAD_SIZE : end] for _, start, end in spans]
 
 
 def encode_message(

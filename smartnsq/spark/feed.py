@@ -24,6 +24,7 @@ from smartnsq.consumer import Consumer, Subscription
 from smartnsq.errors import NSQError
 from smartnsq.message import Message
 from smartnsq.protocol.frames import Span
+from smartnsq.protocol.message import span_ids
 from smartnsq.spark import loop
 from smartnsq.spark.options import Settings
 
@@ -39,7 +40,7 @@ Raw = tuple[Subscription, bytes, list[Span]]
 
 def raw_ids(src: bytes, spans: list[Span]) -> list[bytes]:
     """The message ids of a classic read's frames."""
-    return [src[start + 10 : start + 26] for _, start, _ in spans]
+    return span_ids(src, spans)
 
 
 class Taken:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import select
-import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,15 @@ from smartnsq.errors import ConnectionClosed, NSQTimeout, ProtocolError, error_f
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, HEARTBEAT, OK
 from smartnsq.protocol.handshake import ConnectionConfig
-from smartnsq.protocol.message import MessageLayout, RawMessage, decode_message
+from smartnsq.protocol.message import (
+    HEAD_SIZE,
+    ID_AT,
+    OFFSET_HEAD_SIZE,
+    TRACED_OFFSET_HEAD,
+    MessageLayout,
+    RawMessage,
+    decode_message,
+)
 from smartnsq.spark import youzan
 from smartnsq.spark.columns import header_pairs, signed, timestamps
 from smartnsq.spark.youzan import PartitionInfo
@@ -135,8 +142,6 @@ class _Rows:
         return len(self.offsets)
 
 
-# timestamp, attempts, internal id, trace id (signed: Spark's long), queue offset, raw size
-_PLAIN = struct.Struct(">qHQqQI")
 _LAYOUT = MessageLayout(binary_id=True, ext=True, offset=True)
 
 
@@ -199,18 +204,20 @@ class _Read:
         buf, spans = self.decoder.feed_spans(self.decompress(data))
         info, rows, expect, end, done = self.info, self.rows, self.expect, self.end, self.done
         first = self.first
-        unpack = _PLAIN.unpack_from
+        # timestamp, attempts, internal id, trace id (signed), queue offset, raw size
+        unpack = TRACED_OFFSET_HEAD.unpack_from
         batches: list[pa.RecordBatch] = []
-        out: list[bytes] = []  # FINs, and the odd NOP or RDY
+        fins: list[bytes] = []  # the ids of what it read, all FINed
+        out: list[bytes] = []  # the odd NOP or RDY
         for ftype, lo, hi in spans:
             if ftype == FRAME_MESSAGE:
                 if done:
                     continue  # sent before nsqd saw us stop: the channel goes anyway
-                message_id = buf[lo + 10 : lo + 26]
-                out.append(b"FIN " + message_id + b"\n")
+                message_id = buf[lo + ID_AT : lo + HEAD_SIZE]
+                fins.append(message_id)
                 if rows.headers is None:
                     stamp, tries, _, trace, offset, size = unpack(buf, lo)
-                    body = buf[lo + 38 : hi]
+                    body = buf[lo + OFFSET_HEAD_SIZE : hi]
                 else:
                     msg = decode_message(buf[lo:hi], _LAYOUT, RawMessage)
                     stamp, tries, trace = msg.timestamp, msg.attempts, signed(msg.trace_id)
@@ -256,8 +263,8 @@ class _Read:
                 elif payload == OK and not self.subscribed:
                     self.subscribed = True
                     out.append(commands.rdy(self.max_rdy))
-        if out and not done:
-            self.sock.sendall(self.compress(b"".join(out)))
+        if (fins or out) and not done:
+            self.sock.sendall(self.compress(commands.fins(fins) + b"".join(out)))
         if done and len(rows):
             batches.append(to_batch(rows, info, schema))
             rows = _new_rows(info)

@@ -8,7 +8,6 @@ that held it: at least once, never lost.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from pyspark.sql.types import StructType
 
 from smartnsq.errors import NoNsqdAvailable
 from smartnsq.message import Message
+from smartnsq.protocol.message import span_bodies, span_heads
 from smartnsq.spark.columns import header_pairs, signed, timestamps
 from smartnsq.spark.feed import Feed, Raw, Taken, raw_ids
 from smartnsq.spark.options import Settings
@@ -65,9 +65,6 @@ def to_batch(messages: list[Message], topic: str, schema: StructType) -> pa.Reco
     return pa.RecordBatch.from_arrays(arrays, schema=pa_schema)
 
 
-_unpack_head = struct.Struct(">qH").unpack_from  # a classic frame: timestamp, attempts
-
-
 def raw_batch(raw: list[Raw], topic: str, schema: StructType) -> pa.RecordBatch:
     """Rows for classic reads (see :class:`~smartnsq.spark.feed.Taken`), cut straight from
     the read buffers; the same layout as :func:`to_batch`."""
@@ -76,9 +73,9 @@ def raw_batch(raw: list[Raw], topic: str, schema: StructType) -> pa.RecordBatch:
     heads: list[tuple[int, int]] = []
     nsqd: list[str] = []
     for reader, src, spans in raw:
-        bodies += [src[lo + 26 : hi] for _, lo, hi in spans]
+        bodies += span_bodies(src, spans)
         ids += raw_ids(src, spans)
-        heads += [_unpack_head(src, lo) for _, lo, _ in spans]
+        heads += span_heads(src, spans)
         nsqd += [reader.address] * len(spans)
     n = len(bodies)
     stamps, attempts = zip(*heads, strict=True) if heads else ((), ())

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from smartnsq.consumer.answers import CALL, Answers
+from smartnsq.consumer.answers import Answers
 from smartnsq.consumer.intake import Intake
 from smartnsq.consumer.options import Options
 from smartnsq.consumer.pacing import Pacing
@@ -20,7 +20,8 @@ from smartnsq.consumer.subscription import Subscription
 from smartnsq.consumer.threads import Threads
 from smartnsq.consumer.workers import Workers
 from smartnsq.errors import ConnectionClosed, NSQError
-from smartnsq.message import Message
+from smartnsq.inbox import Kind
+from smartnsq.message import Message, owed
 from smartnsq.protocol.frames import FRAME_MESSAGE, FrameDecoder, encode_frame
 from smartnsq.protocol.message import CLASSIC, RawMessage, encode_message
 
@@ -240,8 +241,8 @@ def test_answers_from_another_thread_are_carried_to_the_loop_in_order() -> None:
     thread = threading.Thread(target=elsewhere)
     thread.start()
     thread.join()
-    assert conn.written == [] and [item[0] for item in carried] == [CALL] * 3
-    assert not first._auto and not second._auto  # answered by hand: no automatic FIN later
+    assert conn.written == [] and [item[0] for item in carried] == [Kind.CALL] * 3
+    assert not owed(first) and not owed(second)  # answered by hand: no automatic FIN later
     p.threads._on_inbox(carried)  # what the loop does with them
     assert conn.written == [b"FIN " + MID + b"\n", b"REQ " + MID2 + b" 0\n"]
     assert conn.queued[-1] == b"TOUCH " + MID2 + b"\n"

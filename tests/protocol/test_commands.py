@@ -145,3 +145,27 @@ def test_ext_header_too_large():
 def test_ext_header_must_be_json():
     with pytest.raises(InvalidArgument, match="JSON-serialisable"):
         c.pub_ext("t", b"x", {"k": object()})
+
+
+ids = st.lists(st.binary(min_size=16, max_size=16), max_size=40)
+
+
+@given(ids)
+def test_fins_equal_the_single_fins_joined(batch):
+    assert c.fins(batch) == b"".join(map(c.fin, batch))
+
+
+@given(ids, st.integers(-5, 2**31))
+def test_reqs_equal_the_single_reqs_joined(batch, delay_ms):
+    assert c.reqs(batch, delay_ms) == b"".join(c.req(i, delay_ms) for i in batch)
+
+
+@given(ids)
+def test_touches_equal_the_single_touches_joined(batch):
+    assert c.touches(batch) == b"".join(map(c.touch, batch))
+
+
+@pytest.mark.parametrize("encode", [c.fins, c.touches, lambda batch: c.reqs(batch, 0)])
+def test_batches_check_every_id(encode):
+    with pytest.raises(InvalidArgument, match="16 bytes"):
+        encode([ID, b"short", ID])

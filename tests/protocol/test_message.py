@@ -15,7 +15,16 @@ from smartnsq.protocol import (
     encode_message,
     partition_of,
 )
-from smartnsq.protocol.message import EXT_JSON, EXT_NONE
+from smartnsq.protocol.frames import FRAME_MESSAGE, data_end, encode_frame
+from smartnsq.protocol.message import (
+    EXT_JSON,
+    EXT_NONE,
+    check_spans,
+    decode_span,
+    span_bodies,
+    span_heads,
+    span_ids,
+)
 
 layouts = st.builds(MessageLayout, st.booleans(), st.booleans(), st.booleans())
 
@@ -132,3 +141,41 @@ def test_publish_responses():
     assert result.message_id == traced[2:18]
     with pytest.raises(ProtocolError):
         decode_publish_response(b"OK" + b"x" * 5)
+
+
+@given(st.data(), layouts, st.binary(max_size=30), st.binary(max_size=30))
+def test_decode_span_cuts_in_place_what_decode_message_decodes(data, layout, before, after):
+    msg = data.draw(messages(layout))
+    frame = encode_message(msg, layout)
+    src = before + frame + after
+    start, end = len(before), len(before) + len(frame)
+    got = decode_span(src, start, end, layout, RawMessage)
+    for field in RawMessage.__slots__:
+        assert getattr(got, field) == getattr(msg, field), field
+
+
+@given(st.binary(max_size=60), layouts)
+def test_decode_span_garbage_raises_only_protocol_error(data, layout):
+    try:
+        decode_span(data, 0, len(data), layout, RawMessage)
+    except ProtocolError:
+        pass
+
+
+@given(st.lists(messages(CLASSIC), max_size=8))
+def test_span_helpers_cut_ids_heads_and_bodies(msgs):
+    src, spans = b"", []
+    for msg in msgs:
+        frame = encode_frame(FRAME_MESSAGE, encode_message(msg))
+        spans.append((FRAME_MESSAGE, len(src) + 8, len(src) + len(frame)))
+        src += frame
+    check_spans(spans)
+    assert span_ids(src, spans) == [m.id for m in msgs]
+    assert span_heads(src, spans) == [(m.timestamp, m.attempts) for m in msgs]
+    assert span_bodies(src, spans) == [m.body for m in msgs]
+    assert [data_end(src, start) for _, start, _ in spans] == [end for _, _, end in spans]
+
+
+def test_check_spans_refuses_a_frame_shorter_than_its_head():
+    with pytest.raises(ProtocolError, match="too short"):
+        check_spans([(FRAME_MESSAGE, 8, 34), (FRAME_MESSAGE, 42, 60)])

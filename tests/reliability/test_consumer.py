@@ -20,7 +20,7 @@ import pytest
 
 from smartnsq import Consumer, Message, Producer
 from smartnsq.lookup.manager import LookupManager
-from smartnsq.protocol.message import MessageLayout, decode_message
+from smartnsq.protocol.message import MessageLayout
 from tests.helpers import (
     channel_stats,
     create_channel,
@@ -308,13 +308,15 @@ async def test_a_handler_failure_is_logged_with_its_traceback_and_the_nsqd_id(
 
 
 def test_id_text_shows_ids_as_nsqd_does():
-    from smartnsq.message import id_text
+    from smartnsq.message import delivered, id_text
+    from smartnsq.protocol.frames import FRAME_MESSAGE, encode_frame
 
     def message(mid: bytes, binary: bool) -> Message:
-        frame = (1).to_bytes(8, "big") + (1).to_bytes(2, "big") + mid + b"body"
-        msg = decode_message(frame, MessageLayout(binary_id=binary), Message)
-        msg._reader = SimpleNamespace(layout=MessageLayout(binary_id=binary))  # type: ignore[assignment]
-        return msg
+        frame = encode_frame(
+            FRAME_MESSAGE, (1).to_bytes(8, "big") + (1).to_bytes(2, "big") + mid + b"body"
+        )
+        sub: Any = SimpleNamespace(layout=MessageLayout(binary_id=binary))
+        return delivered(sub, frame, 8, len(frame))
 
     assert id_text(message(b"0a1b2c3d4e5f6789", False)) == "0a1b2c3d4e5f6789"
     youzan = (1234567).to_bytes(8, "big") + (0).to_bytes(8, "big")
