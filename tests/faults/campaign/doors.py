@@ -109,6 +109,12 @@ def body_of(flow: Flow, who: str, n: int) -> bytes:
     return b"f%d:%s:%d" % (flow.index, who.encode(), n)
 
 
+def producer_addresses(nsqd: list[str], lookupd: list[str] | None) -> dict[str, list[str]]:
+    """Where a source publishes: through ``lookupd`` when given (the fork: a partitioned
+    topic's partitions and leaders come from the lookupds), else to ``nsqd``."""
+    return {"lookupd_http_addresses": lookupd} if lookupd else {"nsqd_tcp_addresses": nsqd}
+
+
 # ---------------------------------------------------------------- sources
 
 
@@ -117,8 +123,16 @@ class AsyncSource(Door):
 
     name = "async-producer"
 
-    def __init__(self, flow: Flow, book: Book, nsqd: list[str], settings: Settings) -> None:
-        self.flow, self.book, self.nsqd, self.settings = flow, book, nsqd, settings
+    def __init__(
+        self,
+        flow: Flow,
+        book: Book,
+        nsqd: list[str],
+        settings: Settings,
+        lookupd: list[str] | None = None,
+    ) -> None:
+        self.flow, self.book, self.settings = flow, book, settings
+        self.addresses = producer_addresses(nsqd, lookupd)
         self.publishing = threading.Event()
         self.thread: threading.Thread | None = None
 
@@ -145,7 +159,7 @@ class AsyncSource(Door):
                 await anyio.sleep(pace)
 
         async with (
-            smartnsq.Producer(nsqd_tcp_addresses=self.nsqd, **kwargs) as producer,
+            smartnsq.Producer(**self.addresses, **kwargs) as producer,
             anyio.create_task_group() as tg,
         ):
             for task in range(PUBLISHERS):
@@ -167,10 +181,17 @@ class BlockingSource(Door):
 
     name = "blocking-producer"
 
-    def __init__(self, flow: Flow, book: Book, nsqd: list[str], settings: Settings) -> None:
+    def __init__(
+        self,
+        flow: Flow,
+        book: Book,
+        nsqd: list[str],
+        settings: Settings,
+        lookupd: list[str] | None = None,
+    ) -> None:
         self.flow, self.book = flow, book
         self.producer = smartnsq.sync.Producer(
-            nsqd_tcp_addresses=nsqd, **settings.producer_kwargs()
+            **producer_addresses(nsqd, lookupd), **settings.producer_kwargs()
         )
         self.publishing = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -298,13 +319,22 @@ class PubSource(Door):
     name = "pub"
     process = True
 
-    def __init__(self, flow: Flow, book: Book, nsqd: list[str], logs: Path, seconds: float):
+    def __init__(
+        self,
+        flow: Flow,
+        book: Book,
+        nsqd: list[str],
+        logs: Path,
+        seconds: float,
+        lookupd: list[str] | None = None,
+    ):
         self.flow, self.book = flow, book
         self.lines = max(1, int(flow.rate * seconds))
         self.file = logs / f"flow{flow.index}.pub.txt"
         self.file.write_bytes(b"".join(body_of(flow, "p", n) + b"\n" for n in range(self.lines)))
         argv = smartnsq_cli(
-            "pub", "--nsqd", ",".join(nsqd), flow.topic, str(self.file), "--json",
+            "pub", *(["--lookupd", ",".join(lookupd)] if lookupd else ["--nsqd", ",".join(nsqd)]),
+            flow.topic, str(self.file), "--json",
             "--rate", str(flow.rate), "--producer-opt", "timeout=2s",
         )  # fmt: skip
         self.proc = Proc(argv, logs, f"flow{flow.index}.pub")
