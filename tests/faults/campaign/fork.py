@@ -192,7 +192,8 @@ def _foreign(book: d.Book) -> list[BaseException]:
 
 def _leader(cluster: ProxiedYouzan, target: str) -> int:
     topic, partition = target.split(":")
-    lookupd = cluster.public(cluster.cluster.lookupd[0].http)
+    # asked directly, not through its proxy: a lookupd-down fault may be holding that
+    lookupd = cluster.cluster.lookupd[0].http
     node = lookup(lookupd, topic, "r")["partitions"][partition]
     return cluster.nsqd_index(f"{node['broadcast_address']}:{node['tcp_port']}")
 
