@@ -15,9 +15,10 @@ import traceback
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from compat.toxiproxy import ProxiedYouzan, Proxy, Toxiproxy, start_proxied_youzan
-from compat.youzan import create_topic, lookup, move_leader, restore_writable
+from compat.youzan import create_topic, lookup, move_leader, poll, restore_writable
 from smartnsq import Message
 from smartnsq.errors import NSQError
 from tests.faults.campaign import doors as d
@@ -192,9 +193,19 @@ def _foreign(book: d.Book) -> list[BaseException]:
 
 def _leader(cluster: ProxiedYouzan, target: str) -> int:
     topic, partition = target.split(":")
-    # asked directly, not through its proxy: a lookupd-down fault may be holding that
-    lookupd = cluster.cluster.lookupd[0].http
-    node = lookup(lookupd, topic, "r")["partitions"][partition]
+
+    def listed() -> dict[str, Any] | None:
+        # Each lookupd asked directly, not through its proxy, and again until one lists the
+        # partition: a lookupd-down fault holds a proxy, and the lookupd behind it forgets
+        # the nsqd that cannot reach it meanwhile.
+        for lookupd in cluster.cluster.lookupd:
+            parts = lookup(lookupd.http, topic, "r").get("partitions") or {}
+            if partition in parts:
+                node: dict[str, Any] = parts[partition]
+                return node
+        return None
+
+    node = poll(f"a lookupd listing the leader of {target}", listed, timeout=30.0)
     return cluster.nsqd_index(f"{node['broadcast_address']}:{node['tcp_port']}")
 
 
