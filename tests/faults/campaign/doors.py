@@ -126,6 +126,12 @@ def is_big(body: bytes) -> bool:
     return len(body) >= BIG
 
 
+def producer_addresses(nsqd: list[str], lookupd: list[str] | None) -> dict[str, list[str]]:
+    """Where a source publishes: through ``lookupd`` when given (the fork: a partitioned
+    topic's partitions and leaders come from the lookupds), else to ``nsqd``."""
+    return {"lookupd_http_addresses": lookupd} if lookupd else {"nsqd_tcp_addresses": nsqd}
+
+
 # ---------------------------------------------------------------- sources
 
 
@@ -134,8 +140,16 @@ class AsyncSource(Door):
 
     name = "async-producer"
 
-    def __init__(self, flow: Flow, book: Book, nsqd: list[str], settings: Settings) -> None:
-        self.flow, self.book, self.nsqd, self.settings = flow, book, nsqd, settings
+    def __init__(
+        self,
+        flow: Flow,
+        book: Book,
+        nsqd: list[str],
+        settings: Settings,
+        lookupd: list[str] | None = None,
+    ) -> None:
+        self.flow, self.book, self.settings = flow, book, settings
+        self.addresses = producer_addresses(nsqd, lookupd)
         self.publishing = threading.Event()
         self.oversize = threading.Event()  # set while an "oversize" fault holds
         self.thread: threading.Thread | None = None
@@ -163,7 +177,7 @@ class AsyncSource(Door):
                 await anyio.sleep(pace)
 
         async with (
-            smartnsq.Producer(nsqd_tcp_addresses=self.nsqd, **kwargs) as producer,
+            smartnsq.Producer(**self.addresses, **kwargs) as producer,
             anyio.create_task_group() as tg,
         ):
             for task in range(PUBLISHERS):
@@ -185,10 +199,17 @@ class BlockingSource(Door):
 
     name = "blocking-producer"
 
-    def __init__(self, flow: Flow, book: Book, nsqd: list[str], settings: Settings) -> None:
+    def __init__(
+        self,
+        flow: Flow,
+        book: Book,
+        nsqd: list[str],
+        settings: Settings,
+        lookupd: list[str] | None = None,
+    ) -> None:
         self.flow, self.book = flow, book
         self.producer = smartnsq.sync.Producer(
-            nsqd_tcp_addresses=nsqd, **settings.producer_kwargs()
+            **producer_addresses(nsqd, lookupd), **settings.producer_kwargs()
         )
         self.publishing = threading.Event()
         self.oversize = threading.Event()  # set while an "oversize" fault holds
@@ -325,6 +346,7 @@ class PubSource(Door):
         logs: Path,
         seconds: float,
         oversize: Sequence[tuple[float, float]] = (),
+        lookupd: list[str] | None = None,
     ):
         self.flow, self.book = flow, book
         self.lines = max(1, int(flow.rate * seconds))
@@ -336,7 +358,8 @@ class PubSource(Door):
         ]
         self.file.write_bytes(b"".join(b + b"\n" for b in self.bodies))
         argv = smartnsq_cli(
-            "pub", "--nsqd", ",".join(nsqd), flow.topic, str(self.file), "--json",
+            "pub", *(["--lookupd", ",".join(lookupd)] if lookupd else ["--nsqd", ",".join(nsqd)]),
+            flow.topic, str(self.file), "--json",
             "--rate", str(flow.rate), "--producer-opt", "timeout=2s",
         )  # fmt: skip
         self.proc = Proc(argv, logs, f"flow{flow.index}.pub")

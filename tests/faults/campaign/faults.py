@@ -52,16 +52,20 @@ def _ready(d: Daemon, timeout: float = 30.0) -> bool:
 
 
 class Injector:
-    """Runs the faults of a schedule against a proxied classic cluster and the doors."""
+    """Runs the faults of a schedule against a proxied classic cluster and the doors; on
+    another cluster (the fork) ``inject`` puts the cluster's faults in place instead (and
+    returns what heals them), while client signals still go to the doors from here."""
 
     def __init__(
         self,
-        cluster: ProxiedClassic,
+        cluster: ProxiedClassic | None,
         doors: dict[str, Door],
         topics: dict[int, list[str]],
         timeline: Timeline,
+        inject: Callable[[Fault], Callable[[], None]] | None = None,
     ) -> None:
         self.cluster, self.doors, self.topics, self.timeline = cluster, doors, topics, timeline
+        self.inject = inject
         self.threads: list[threading.Thread] = []
         self.stopped: set[int] = set()
 
@@ -94,11 +98,14 @@ class Injector:
             self.timeline.note(f"fault failed {what}: {exc!r}")
 
     def _nsqd(self, target: str) -> tuple[int, Daemon]:
+        assert self.cluster is not None
         i = int(target.split("/")[0].removeprefix("nsqd"))
         return i, self.cluster.cluster.nsqd[i]
 
     def _inject(self, fault: Fault) -> Callable[[], None]:
         kind = fault.kind
+        if self.inject is not None and kind != "client-signal":
+            return self.inject(fault)
         if kind in ("nsqd-stop", "nsqd-kill", "nsqd-term"):
             i, d = self._nsqd(fault.target)
             sig = {"nsqd-stop": signal.SIGSTOP, "nsqd-kill": signal.SIGKILL}.get(

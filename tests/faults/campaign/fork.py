@@ -1,24 +1,36 @@
-"""A seed on the Youzan fork: 3 nsqd and 1-2 lookupds behind Toxiproxy; each flow is an
-ordered topic (2 partitions x 2 replicas) with keyed publishers and an ordered consumer
-(``harness.CLIENTS``: the fault suites' clients and ``keyed.Book``). Checked once it settles:
-nothing acknowledged lost (the fork replicates before it acknowledges: no excuse), per-key
-order kept, only ``smartnsq.errors`` types raised; duplicates counted."""
+"""A seed on the Youzan fork: 3 nsqd and 1-2 lookupds behind Toxiproxy, each flow's topic
+of 2 partitions x 2 replicas. An ordered flow has keyed publishers and an ordered consumer
+(``harness.CLIENTS``: the fault suites' clients and ``keyed.Book``); an unordered flow has the
+classic front doors (:mod:`.doors`), which find the partitions through the lookupds. Checked
+once it settles, by the classic checks (``run.settle_and_check``: nothing acknowledged lost, for the
+fork replicates before it acknowledges: no excuse; no channel stuck; nothing in flight after
+a graceful stop; exit statuses and summaries), plus per-key order on ordered topics and only
+``smartnsq.errors`` types raised; duplicates counted."""
 
 from __future__ import annotations
 
 import signal
-import threading
 import time
 import traceback
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from compat.toxiproxy import ProxiedYouzan, Proxy, Toxiproxy, start_proxied_youzan
-from compat.youzan import create_topic, lookup, move_leader, restore_writable
-from tests.faults.campaign.faults import TOXIC_NAMES, Timeline
-from tests.faults.campaign.run import PUBLISH_SHARE, FlowResult, Result
-from tests.faults.campaign.schedule import Fault, Schedule
+from compat.youzan import create_topic, lookup, move_leader, poll, restore_writable
+from smartnsq import Message
+from smartnsq.errors import NSQError
+from tests.faults.campaign import doors as d
+from tests.faults.campaign.faults import TOXIC_NAMES, Injector, Timeline
+from tests.faults.campaign.run import (
+    PUBLISH_SHARE,
+    Result,
+    make_doors,
+    settle_and_check,
+    sink_channels,
+)
+from tests.faults.campaign.schedule import Fault, Flow, Schedule
 from tests.faults.harness import CLIENTS, FAULTS, PUBLISHERS, Clients, Settings, Target
 from tests.faults.keyed import Book
 
@@ -26,107 +38,175 @@ SETTINGS = Settings(reconnect_max=2.0, msg_timeout=5.0, max_retries=3)  # the fa
 SETTLE = 120.0  # a new leader can take a while to be writable (docs/guarantees.md)
 
 
+class Keyed:
+    """An ordered flow's workload: ``keyed.Book`` numbers the bodies per key and checks
+    their order; the flow's :class:`doors.Book` books them too, for the checks every flow
+    shares."""
+
+    def __init__(self, book: d.Book) -> None:
+        self.keyed, self.book = Book(), book
+
+    def next_publish(self, task: int) -> tuple[bytes, dict[str, object]]:
+        return self.keyed.next_publish(task)
+
+    def ack(self, body: bytes) -> None:
+        self.keyed.ack(body)
+        self.book.ack(body)
+
+    def error(self, exc: BaseException) -> None:
+        self.keyed.error(exc)
+        self.book.error(exc)
+
+    def handle(self, message: Message) -> None:
+        self.keyed.handle(message)
+        self.book.handle(message.body)
+
+
+class OrderedSink(d.Door):
+    """An ordered flow's clients, publishers and consumer started together; stopping the
+    sink closes them (the consumer's graceful stop)."""
+
+    name = "ordered-consumer"
+
+    def __init__(self, clients: Clients) -> None:
+        self.clients = clients
+        self.closed = False
+
+    def start(self) -> None:
+        self.clients.start()
+
+    def stop(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.clients.close()
+
+
+class OrderedSource(d.Door):
+    """An ordered flow's publishers: they start with its sink; stopping ends publishing."""
+
+    def __init__(self, flow: Flow, book: d.Book, clients: Clients) -> None:
+        self.name, self.book, self.clients = flow.source, book, clients
+
+    def stop(self) -> None:
+        self.clients.stop_publishing()
+
+    def problems(self) -> list[str]:
+        if foreign := _foreign(self.book):
+            n = len(foreign)
+            return [f"raised {n} errors that are not smartnsq.errors types: {foreign[:3]!r}"]
+        return []
+
+
+def _topics(flow: Flow) -> list[tuple[str, str]]:
+    """The flow's topics and the channel each is read from (the fork refuses unknown ones)."""
+    return sink_channels(flow)
+
+
 def run_fork(schedule: Schedule, logs: Path, result: Result) -> None:
     toxi = Toxiproxy.start(logs / "toxiproxy")
     cluster: ProxiedYouzan | None = None
-    clients: dict[int, Clients] = {}
+    doors: dict[str, d.Door] = {}
     timeline = Timeline()
     try:
         cluster = start_proxied_youzan(
             toxi, logs / "cluster", nsqd=schedule.nsqd, lookupd=schedule.lookupd
         )
-        lookupds = [cluster.public(d.http) for d in cluster.cluster.lookupd]
-        books = {f.index: Book() for f in schedule.flows}
+        lookupds = [cluster.public(n.http) for n in cluster.cluster.lookupd]
+        books = {f.index: d.Book() for f in schedule.flows}
+        keyed: dict[int, Keyed] = {}
         for f in schedule.flows:
-            create_topic(cluster.cluster, f.topic, partitions=2, replicas=2, ordered=True)
-            target = Target(f.topic, "ch", producer_lookupd=lookupds, consumer_lookupd=lookupds)
+            for topic, channel in _topics(f):
+                # unordered: 4 partition replicas on 3 nsqd need the fork's multipart
+                create_topic(
+                    cluster.cluster, topic, partitions=2, replicas=2, ordered=f.ordered,
+                    multipart=not f.ordered, channel=channel,
+                )  # fmt: skip
+        unordered = [f for f in schedule.flows if not f.ordered]
+        doors = make_doors(
+            unordered, schedule.seconds * PUBLISH_SHARE, books, logs, SETTINGS, lookupd=lookupds
+        )
+        for f in schedule.flows:
+            if not f.ordered:
+                continue
+            target = Target(
+                f.topic, d.CHANNEL, producer_lookupd=lookupds, consumer_lookupd=lookupds
+            )
             kind = "async" if f.source == "async-producer" else "sync"
-            clients[f.index] = CLIENTS[kind](target, SETTINGS, books[f.index], PUBLISHERS / f.rate)
-        for c in clients.values():
-            c.start()
-        timeline = Timeline()
-        threads = [
-            threading.Thread(target=_fault, args=(cluster, f, timeline), daemon=True)
-            for f in schedule.faults
-        ]
-        for t in threads:
-            t.start()
+            keyed[f.index] = Keyed(books[f.index])
+            clients = CLIENTS[kind](target, SETTINGS, keyed[f.index], PUBLISHERS / f.rate)
+            doors[f"flow{f.index}.source"] = OrderedSource(f, books[f.index], clients)
+            doors[f"flow{f.index}.sink"] = OrderedSink(clients)
+        for name, door in doors.items():
+            if name.endswith(".sink"):
+                door.start()
+        timeline = Timeline()  # the faults' offsets count from here
+        for name, door in doors.items():
+            if name.endswith(".source"):
+                door.start()
+        injector = Injector(None, doors, {}, timeline, partial(_inject, cluster, timeline=timeline))
+        injector.start(schedule.faults)
         time.sleep(schedule.seconds * PUBLISH_SHARE)  # the publishing window
         timeline.note("publishing stops")
-        for c in clients.values():
-            c.stop_publishing()
-        for t in threads:
-            t.join(180)
+        for name, door in doors.items():
+            if name.endswith(".source"):
+                door.stop()
+        injector.join(180)
         cluster.heal()
         for f in schedule.flows:  # a partition may have lost its writable leader meanwhile
-            restore_writable(cluster.cluster, f.topic)
-        timeline.note("every fault healed")
-        deadline = time.monotonic() + SETTLE
-        while any(b.lost() for b in books.values()) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        timeline.note("settled")
+            for topic, channel in _topics(f):
+                restore_writable(cluster.cluster, topic, channel)
+        timeline.note("sources stopped, every fault healed")
+        nsqd_http = [n.http for n in cluster.cluster.nsqd]
+        settle_and_check(schedule, nsqd_http, doors, books, timeline, result, settle=SETTLE)
         for f in schedule.flows:
-            clients.pop(f.index).close()
-            book = books[f.index]
             where = f"flow{f.index} ({f.source} -> {f.sink})"
-            result.flows.append(
-                FlowResult(
-                    f,
-                    acked=len(book.acked),
-                    handled=book.handled_count(),
-                    duplicates=book.duplicates(),
-                    failed_publishes=len(book.errors),
-                )
-            )
-            if lost := book.lost():
-                result.violations.append(
-                    f"lost: {where}: {len(lost)} of {len(book.acked)} acknowledged not handled "
-                    f"within {SETTLE:.0f} s (e.g. {lost[:3]})"
-                )
-            if order := book.order_violations():
+            if f.ordered and (order := keyed[f.index].keyed.order_violations()):
                 result.violations.append(
                     f"order: {where}: {len(order)} handled after a later one of their key "
                     f"(key, seq, highest before: {order[:3]})"
                 )
-            if foreign := book.foreign_errors():
+            if foreign := _foreign(books[f.index]):  # named by the checks; written with
                 with open(logs / "foreign-errors.txt", "a") as out:  # where they came from
                     for e in foreign[:5]:
                         out.write("".join(traceback.format_exception(e)) + "\n")
-                result.violations.append(
-                    f"errors: {where}: {len(foreign)} not smartnsq.errors types: {foreign[:3]!r}"
-                )
-        for e in timeline.errors:
-            result.violations.append(f"fault injection: {e}")
     finally:
-        for c in clients.values():
-            c.close()
+        for name, door in doors.items():  # what an error left running
+            if isinstance(door, OrderedSink):
+                try:
+                    door.stop()
+                except Exception as exc:  # the cluster is stopped all the same
+                    timeline.note(f"closing {name} failed: {exc!r}")
+            proc = getattr(door, "proc", None)
+            if isinstance(proc, d.Proc) and proc.running():
+                proc.signal(signal.SIGKILL)
+                proc.wait(10)
         if cluster is not None:
             cluster.stop()
         toxi.stop()
         (logs / "timeline.txt").write_text(timeline.text() + "\n")
 
 
+def _foreign(book: d.Book) -> list[BaseException]:
+    with book.lock:
+        return [e for e in book.errors if not isinstance(e, NSQError)]
+
+
 def _leader(cluster: ProxiedYouzan, target: str) -> int:
     topic, partition = target.split(":")
-    lookupd = cluster.public(cluster.cluster.lookupd[0].http)
-    node = lookup(lookupd, topic, "r")["partitions"][partition]
+
+    def listed() -> dict[str, Any] | None:
+        # Each lookupd asked directly, not through its proxy, and again until one lists the
+        # partition: a lookupd-down fault holds a proxy, and the lookupd behind it forgets
+        # the nsqd that cannot reach it meanwhile.
+        for lookupd in cluster.cluster.lookupd:
+            parts = lookup(lookupd.http, topic, "r").get("partitions") or {}
+            if partition in parts:
+                node: dict[str, Any] = parts[partition]
+                return node
+        return None
+
+    node = poll(f"a lookupd listing the leader of {target}", listed, timeout=30.0)
     return cluster.nsqd_index(f"{node['broadcast_address']}:{node['tcp_port']}")
-
-
-def _fault(cluster: ProxiedYouzan, fault: Fault, timeline: Timeline) -> None:
-    delay = timeline.t0 + fault.at - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)  # the fault's offset in the schedule
-    what = f"{fault.kind} {fault.target}"
-    try:
-        heal = _inject(cluster, fault, timeline)
-        timeline.note(f"inject {what} for {fault.hold}s")
-        time.sleep(fault.hold)  # the fault's duration
-        heal()
-        timeline.note(f"healed {what}")
-    except Exception as exc:  # the campaign's own trouble, reported as such
-        timeline.errors.append(f"{what}: {exc!r}")
-        timeline.note(f"fault failed {what}: {exc!r}")
 
 
 def _heal(proxies: list[Proxy]) -> None:

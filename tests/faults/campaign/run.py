@@ -8,7 +8,7 @@ import shutil
 import signal
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from compat.cluster import http_json
 from compat.toxiproxy import ProxiedClassic, Toxiproxy, start_proxied_classic
 from tests.faults.campaign import doors as d
 from tests.faults.campaign.faults import Injector, Timeline, _post
-from tests.faults.campaign.schedule import HEALED_BY, Flow, Schedule
+from tests.faults.campaign.schedule import HEALED_BY, Fault, Flow, Schedule
 from tests.faults.harness import Settings
 
 PUBLISH_SHARE = HEALED_BY  # publishing stops when every fault has healed
@@ -67,27 +67,40 @@ class Result:
         return sum(f.duplicates for f in self.flows)
 
 
-def _channel_counts(cluster: ProxiedClassic, topic: str, channel: str) -> dict[str, int]:
-    """depth, in flight and deferred of ``topic/channel``, summed over the nsqd."""
+def _channel_counts(nsqd_http: Sequence[str], topic: str, channel: str) -> dict[str, int]:
+    """Of ``topic/channel``, summed over the nsqd at ``nsqd_http`` (and on the fork over the
+    partitions they lead): depth (not consumed: neither in flight nor deferred), in flight
+    and deferred."""
     out = {"depth": 0, "in_flight": 0, "deferred": 0}
-    for node in cluster.cluster.nsqd:
+    for http in nsqd_http:
         try:
-            stats = http_json(f"http://{node.http}/stats?format=json&topic={topic}", timeout=3.0)
+            stats = http_json(f"http://{http}/stats?format=json&topic={topic}", timeout=3.0)
         except (OSError, ValueError):
             continue
         stats = (stats or {}).get("data", stats) or {}
         for t in stats.get("topics") or []:
-            if t.get("topic_name") != topic:
-                continue
+            partitioned = "topic_partition" in t  # the fork
+            if t.get("topic_name") != topic or (partitioned and not t.get("is_leader")):
+                continue  # a replica's counts are not its partition's: its leader's are
             for c in t.get("channels") or []:
-                if c.get("channel_name") == channel:
-                    out["depth"] += int(c.get("depth", 0))
-                    out["in_flight"] += int(c.get("in_flight_count", 0))
-                    out["deferred"] += int(c.get("deferred_count", 0))
+                if c.get("channel_name") != channel:
+                    continue
+                depth = int(c.get("depth", 0))
+                in_flight = int(c.get("in_flight_count", 0))
+                deferred = int(c.get("deferred_count", 0))
+                if partitioned:
+                    # The fork's depth is the partition's end less the channel's confirmed
+                    # position: it counts what is in flight, and its in flight counts what is
+                    # deferred (a message finished past an unfinished one counts until that
+                    # one is: nothing tells them apart).
+                    depth, in_flight = max(0, depth - in_flight), max(0, in_flight - deferred)
+                out["depth"] += depth
+                out["in_flight"] += in_flight
+                out["deferred"] += deferred
     return out
 
 
-def _sink_channels(flow: Flow) -> list[tuple[str, str]]:
+def sink_channels(flow: Flow) -> list[tuple[str, str]]:
     """The channels a flow's messages wait in until its sink is done with them."""
     out = [(flow.topic, d.CHANNEL)]
     if flow.sink == "to-nsq":
@@ -98,35 +111,37 @@ def _sink_channels(flow: Flow) -> list[tuple[str, str]]:
 
 
 def _extra_topics(flow: Flow) -> list[str]:
-    return [t for t, _ in _sink_channels(flow)]
+    return [t for t, _ in sink_channels(flow)]
 
 
 def make_doors(
-    schedule: Schedule,
-    cluster: ProxiedClassic,
+    flows: Sequence[Flow],
+    publish_seconds: float,
     books: dict[int, d.Book],
     logs: Path,
     settings: Settings,
+    lookupd: list[str],
+    nsqd: list[str] | None = None,
+    oversize: Sequence[Fault] = (),
 ) -> dict[str, d.Door]:
-    nsqd = [p.address for p in cluster.nsqd_tcp]
-    lookupd = [p.address for p in cluster.lookupd_http]
-    publish_seconds = schedule.seconds * PUBLISH_SHARE
+    """The doors of ``flows``: sinks find their topics through ``lookupd``; sources publish to
+    ``nsqd``, or through ``lookupd`` without it (the fork's partitioned topics). ``oversize``:
+    the schedule's "oversize" faults (pub's file has their big lines from the start)."""
+    through = None if nsqd else lookupd
     ckw = consumer_kwargs(settings)
     out: dict[str, d.Door] = {}
-    for flow in schedule.flows:
+    for flow in flows:
         book = books[flow.index]
         source: d.Door
         if flow.source == "async-producer":
-            source = d.AsyncSource(flow, book, nsqd, settings)
+            source = d.AsyncSource(flow, book, nsqd or [], settings, lookupd=through)
         elif flow.source == "blocking-producer":
-            source = d.BlockingSource(flow, book, nsqd, settings)
+            source = d.BlockingSource(flow, book, nsqd or [], settings, lookupd=through)
         else:
-            oversize = [
-                (f.at, f.at + f.hold)
-                for f in schedule.faults
-                if f.kind == "oversize" and f.target == flow.topic
-            ]
-            source = d.PubSource(flow, book, nsqd, logs, publish_seconds, oversize)
+            windows = [(f.at, f.at + f.hold) for f in oversize if f.target == flow.topic]
+            source = d.PubSource(
+                flow, book, nsqd or [], logs, publish_seconds, windows, lookupd=through
+            )
         sink: d.Door
         if flow.sink in ("async-consumer", "blocking-consumer"):
             sink = d.ConsumerSink(flow, book, lookupd, ckw, flow.sink == "blocking-consumer")
@@ -208,11 +223,20 @@ def _run(schedule: Schedule, logs: Path, result: Result) -> None:
         topics = {f.index: _extra_topics(f) for f in schedule.flows}
         for node in cluster.cluster.nsqd:  # every topic in the lookupds before anyone asks
             for flow in schedule.flows:
-                for topic, channel in _sink_channels(flow):
+                for topic, channel in sink_channels(flow):
                     _post(node, "/topic/create", topic=topic)
                     _post(node, "/channel/create", topic=topic, channel=channel)
         books = {f.index: d.Book() for f in schedule.flows}
-        doors = make_doors(schedule, cluster, books, logs, settings)
+        doors = make_doors(
+            schedule.flows,
+            schedule.seconds * PUBLISH_SHARE,
+            books,
+            logs,
+            settings,
+            lookupd=[p.address for p in cluster.lookupd_http],
+            nsqd=[p.address for p in cluster.nsqd_tcp],
+            oversize=[f for f in schedule.faults if f.kind == "oversize"],
+        )
         for name, door in doors.items():
             if name.endswith(".sink"):
                 door.start()
@@ -230,7 +254,8 @@ def _run(schedule: Schedule, logs: Path, result: Result) -> None:
         injector.join(60)
         toxi.heal()
         timeline.note("sources stopped, every fault healed")
-        _settle(schedule, cluster, doors, books, timeline, result)
+        nsqd_http = [n.http for n in cluster.cluster.nsqd]
+        settle_and_check(schedule, nsqd_http, doors, books, timeline, result)
     finally:
         for door in doors.values():  # what an error left running
             proc = getattr(door, "proc", None)
@@ -244,14 +269,17 @@ def _run(schedule: Schedule, logs: Path, result: Result) -> None:
             (logs / "timeline.txt").write_text(timeline.text() + "\n")
 
 
-def _settle(
+def settle_and_check(
     schedule: Schedule,
-    cluster: ProxiedClassic,
+    nsqd_http: Sequence[str],
     doors: dict[str, d.Door],
     books: dict[int, d.Book],
     timeline: Timeline,
     result: Result,
+    settle: float = SETTLE,
 ) -> None:
+    """Wait up to ``settle`` seconds for every flow to drain, stop the sinks gracefully and
+    check the invariants of every flow (``nsqd_http``: where nsqd's /stats are asked)."""
     sinks = {f.index: doors[f"flow{f.index}.sink"] for f in schedule.flows}
     for e in timeline.errors:
         result.violations.append(f"fault injection: {e}")
@@ -264,14 +292,15 @@ def _settle(
 
     def drained(flow: Flow) -> bool:
         sinks[flow.index].collect()
-        waiting = any(sum(_channel_counts(cluster, t, c).values()) for t, c in _sink_channels(flow))
+        counts = [_channel_counts(nsqd_http, t, c) for t, c in sink_channels(flow)]
+        waiting = any(sum(c.values()) for c in counts)
         missing = [b for b in books[flow.index].missing() if not excusable(flow, b)]
         return not waiting and not missing
 
-    all_drained = wait_until(lambda: all(drained(f) for f in schedule.flows), SETTLE)
+    all_drained = wait_until(lambda: all(drained(f) for f in schedule.flows), settle)
     timeline.note(f"settled: {all_drained}")
     stuck = {
-        f.index: {f"{t}/{c}": _channel_counts(cluster, t, c) for t, c in _sink_channels(f)}
+        f.index: {f"{t}/{c}": _channel_counts(nsqd_http, t, c) for t, c in sink_channels(f)}
         for f in schedule.flows
     }
     # graceful stop of every sink; then nothing of theirs may be in flight on nsqd
@@ -281,8 +310,8 @@ def _settle(
     timeline.note("sinks stopped")
     for f in schedule.flows:
         where = f"flow{f.index} ({f.source} -> {f.sink})"
-        for t, c in _sink_channels(f):
-            left = _channel_counts(cluster, t, c)["in_flight"]
+        for t, c in sink_channels(f):
+            left = _channel_counts(nsqd_http, t, c)["in_flight"]
             if left:
                 result.violations.append(
                     f"in-flight-after-stop: {where}: {left} in flight on {t}/{c} after a "
@@ -306,7 +335,7 @@ def _settle(
             kind = "stuck" if waiting else "lost"
             result.violations.append(
                 f"{kind}: {where}: {len(lost)} of {fr.acked} acknowledged not handled "
-                f"(e.g. {[b.decode() for b in lost[:3]]}); waiting after {SETTLE:.0f} s: "
+                f"(e.g. {[b.decode() for b in lost[:3]]}); waiting after {settle:.0f} s: "
                 f"{waiting or 'nothing'}"
             )
         elif waiting:

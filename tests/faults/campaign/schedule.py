@@ -26,10 +26,12 @@ SINKS = (
 # Sinks that are processes of their own (a client signal can be sent to them); pub too.
 PROCESS_DOORS = ("pub", "to-file", "to-nsq", "tail", "runner")
 
-# The fork: keyed publishers (4 tasks or threads) and an ordered consumer (async or def
-# handler, the same style as the publishers) on an ordered topic of 2 partitions x 2 replicas.
-FORK_SOURCES = ("async-producer", "blocking-producer")
+# The fork: a flow is ordered (keyed publishers, 4 tasks or threads, and an ordered consumer,
+# async or def handler as the publishers, on an ordered topic) or unordered (the doors above
+# on an unordered topic); either topic has 2 partitions x 2 replicas.
+FORK_SOURCES = ("async-producer", "blocking-producer")  # an ordered flow's keyed publishers
 FORK_SINKS = ("ordered-consumer",)
+ORDERED_SHARE = 1 / 3  # of the fork's flows
 
 NODE_FAULTS = ("nsqd-stop", "nsqd-kill", "nsqd-term")
 TOXICS = ("silence", "reset", "refused", "latency", "slicer", "bandwidth")
@@ -40,7 +42,9 @@ FAULT_KINDS = (
     *NODE_FAULTS, *TOXICS, "lookupd-down", "topic-recreate", "client-signal", "oversize",
 )  # fmt: skip
 # On the fork: a partition's leader moved to a replica, or killed (a replica takes over).
-FORK_FAULT_KINDS = ("nsqd-stop", *TOXICS, "lookupd-down", "leader-move", "leader-kill")
+FORK_FAULT_KINDS = (
+    "nsqd-stop", *TOXICS, "lookupd-down", "leader-move", "leader-kill", "client-signal",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,11 @@ class Flow:
     @property
     def topic(self) -> str:
         return f"flow{self.index}"
+
+    @property
+    def ordered(self) -> bool:
+        """An ordered topic of the fork, keyed publishers and an ordered consumer."""
+        return self.sink in FORK_SINKS
 
 
 @dataclass(frozen=True)
@@ -106,19 +115,20 @@ def generate(seed: int, kind: str = "classic", minutes: float = 1.0) -> Schedule
     classic = kind == "classic"
     nsqd = 2 if classic else 3
     lookupd = rng.choice((1, 2))
-    sources, sinks = (SOURCES, SINKS) if classic else (FORK_SOURCES, FORK_SINKS)
-    flows = tuple(
-        Flow(
+    flows = []
+    for i in range(rng.randint(2, 4) if classic else rng.randint(1, 2)):
+        ordered = not classic and rng.random() < ORDERED_SHARE
+        sources, sinks = (FORK_SOURCES, FORK_SINKS) if ordered else (SOURCES, SINKS)
+        flow = Flow(
             index=i,
             source=rng.choice(sources),
             sink=rng.choice(sinks),
             rate=rng.choice((20, 50, 100)),
-            # the fork's ordered consumers (the fault suites') neither fail nor dawdle
-            failing=rng.choice((0.0, 0.0, 0.05, 0.2)) * classic,
-            slow_ms=rng.choice((0, 0, 20, 200)) * classic,
+            # the ordered consumers (the fault suites') neither fail nor dawdle
+            failing=rng.choice((0.0, 0.0, 0.05, 0.2)) * (not ordered),
+            slow_ms=rng.choice((0, 0, 20, 200)) * (not ordered),
         )
-        for i in range(rng.randint(2, 4) if classic else rng.randint(1, 2))
-    )
+        flows.append(flow)
     faults = []
     for _ in range(rng.randint(1, 4)):
         fault_kind = rng.choice(FAULT_KINDS if classic else FORK_FAULT_KINDS)
@@ -150,7 +160,7 @@ def generate(seed: int, kind: str = "classic", minutes: float = 1.0) -> Schedule
         faults.append(Fault(fault_kind, target, at, hold, how))
     faults = _apart(faults, HEALED_BY * seconds)
     faults.sort(key=lambda f: (f.at, f.kind, f.target))
-    return Schedule(seed, kind, seconds, nsqd, lookupd, flows, tuple(faults))
+    return Schedule(seed, kind, seconds, nsqd, lookupd, tuple(flows), tuple(faults))
 
 
 def _node(fault: Fault) -> str:

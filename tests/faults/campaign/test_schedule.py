@@ -68,7 +68,7 @@ def test_seeds_kinds_and_durations_give_different_schedules():
     ("kind", "kinds", "doors"),
     [
         ("classic", FAULT_KINDS, {*SOURCES, *SINKS}),
-        ("youzan", FORK_FAULT_KINDS, {*FORK_SOURCES, *FORK_SINKS}),
+        ("youzan", FORK_FAULT_KINDS, {*SOURCES, *SINKS, *FORK_SINKS}),
     ],
 )
 def test_every_fault_kind_and_front_door_is_drawn(kind, kinds, doors):
@@ -81,6 +81,23 @@ def test_every_fault_kind_and_front_door_is_drawn(kind, kinds, doors):
     assert set(faults) == set(kinds), faults
     assert set(drawn) == doors, drawn
     assert min(faults.values()) >= 10, faults  # each kind in a fair share of the seeds
+
+
+def test_the_fork_draws_ordered_flows_and_unordered_ones_with_every_door():
+    ordered: Counter[str] = Counter()
+    unordered: Counter[str] = Counter()
+    for seed in SEEDS:
+        for f in generate(seed, "youzan", 1.0).flows:
+            if f.ordered:  # keyed publishers and an ordered consumer, which neither fail nor dawdle
+                assert f.source in FORK_SOURCES and not f.failing and not f.slow_ms, f
+                ordered.update((f.source, f.sink))
+            else:
+                assert f.source in SOURCES and f.sink in SINKS, f
+                unordered.update((f.source, f.sink))
+    assert set(ordered) == {*FORK_SOURCES, *FORK_SINKS}, ordered
+    assert set(unordered) == {*SOURCES, *SINKS}, unordered
+    assert min(unordered.values()) >= 20, unordered  # each door in a fair share of the seeds
+    assert not any(f.ordered for s in SEEDS for f in generate(s, "classic", 1.0).flows)
 
 
 @pytest.mark.parametrize("kind", ["classic", "youzan"])
