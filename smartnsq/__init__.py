@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 from smartnsq._version import __version__
 
 if TYPE_CHECKING:
-    from smartnsq.connection import Connection, ConnectionConfig, Features
     from smartnsq.consumer import Consumer
     from smartnsq.message import Message
+    from smartnsq.net.connection import Connection, ConnectionConfig, Features
     from smartnsq.observe.stats import (
         ConsumerNodeStats,
         ConsumerStats,
@@ -43,9 +43,9 @@ __all__ = [
 # The names above are imported on first use, from these modules: `import smartnsq` alone (say,
 # by the pytest plugin that pytest loads in every run, or to read __version__) stays cheap.
 _LAZY = {
-    "Connection": "smartnsq.connection",
-    "ConnectionConfig": "smartnsq.connection",
-    "Features": "smartnsq.connection",
+    "Connection": "smartnsq.net.connection",
+    "ConnectionConfig": "smartnsq.net.connection",
+    "Features": "smartnsq.net.connection",
     "Consumer": "smartnsq.consumer",
     "ConsumerNodeStats": "smartnsq.observe.stats",
     "ConsumerStats": "smartnsq.observe.stats",

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from smartnsq.errors import FinFailed, NotLeader, ServerError
-from smartnsq.frame_pump import FramePump
+from smartnsq.net.frame_pump import FramePump
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import (
     FRAME_ERROR,

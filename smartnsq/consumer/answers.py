@@ -22,8 +22,8 @@ from smartnsq.consumer.pacing import Pacing
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
 from smartnsq.errors import ConnectionClosed, FinFailed, NSQError, ReqFailed, ServerError
-from smartnsq.inbox import Inbox
 from smartnsq.message import Message, id_text
+from smartnsq.net.inbox import Inbox
 from smartnsq.notice import handler_failed
 from smartnsq.protocol import commands
 

@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from smartnsq.connection import Connection
 from smartnsq.consumer.answers import Answers
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
@@ -24,6 +23,7 @@ from smartnsq.consumer.threads import Threads, build_message
 from smartnsq.consumer.workers import Workers
 from smartnsq.errors import ConnectionClosed, ProtocolError
 from smartnsq.message import Message, id_text
+from smartnsq.net.connection import Connection
 from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
 from smartnsq.protocol.compress import maybe_compressed, unpack

@@ -27,8 +27,8 @@ from smartnsq.consumer.answers import CALL, Answers
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
 from smartnsq.errors import NSQError
-from smartnsq.inbox import Inbox
 from smartnsq.message import Message
+from smartnsq.net.inbox import Inbox
 
 log = logging.getLogger("smartnsq.consumer")
 

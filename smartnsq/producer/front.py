@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from smartnsq._checks import DEFAULT_MAX_DELAY
-from smartnsq.busy_poll import DEFAULT_LIMIT as BUSY_POLL_LIMIT
+from smartnsq.net.busy_poll import DEFAULT_LIMIT as BUSY_POLL_LIMIT
 from smartnsq.observe.stats import ProducerStats
 from smartnsq.ordered.sharding import Sharder, ShardingKey
 from smartnsq.producer.io import Publisher

@@ -53,7 +53,7 @@ from smartnsq.protocol.handshake import config_refusal
 from smartnsq.protocol.message import PublishResult
 
 if TYPE_CHECKING:  # the blocking twin's are imported by smartnsq.sync: no circle at run time
-    from smartnsq.connection import Connection
+    from smartnsq.net.connection import Connection
     from smartnsq.producer.links import LinkNode, Links
 
 log = logging.getLogger("smartnsq.producer")

@@ -42,8 +42,8 @@ from smartnsq.protocol.handshake import config_refusal
 from smartnsq.protocol.message import PublishResult
 
 if TYPE_CHECKING:  # the blocking twin's are imported by smartnsq.sync: no circle at run time
+    from smartnsq.net.blocking import SyncConnection
     from smartnsq.producer.links_sync import SyncLinkNode, SyncLinks
-    from smartnsq.sync.connection import SyncConnection
 
 log = logging.getLogger("smartnsq.producer")
 
