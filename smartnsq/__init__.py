@@ -10,16 +10,16 @@ if TYPE_CHECKING:
     from smartnsq.consumer import Consumer
     from smartnsq.message import Message
     from smartnsq.net.connection import Connection, ConnectionConfig, Features
-    from smartnsq.observe.stats import (
+    from smartnsq.offsets import PartitionOffsets, partition_offsets
+    from smartnsq.producer import Producer
+    from smartnsq.protocol.message import PublishResult
+    from smartnsq.runner import run, serve
+    from smartnsq.stats import (
         ConsumerNodeStats,
         ConsumerStats,
         ProducerNodeStats,
         ProducerStats,
     )
-    from smartnsq.offsets import PartitionOffsets, partition_offsets
-    from smartnsq.producer import Producer
-    from smartnsq.protocol.message import PublishResult
-    from smartnsq.runner import run, serve
 
 __all__ = [
     "Connection",
@@ -47,13 +47,13 @@ _LAZY = {
     "ConnectionConfig": "smartnsq.net.connection",
     "Features": "smartnsq.net.connection",
     "Consumer": "smartnsq.consumer",
-    "ConsumerNodeStats": "smartnsq.observe.stats",
-    "ConsumerStats": "smartnsq.observe.stats",
+    "ConsumerNodeStats": "smartnsq.stats",
+    "ConsumerStats": "smartnsq.stats",
     "Message": "smartnsq.message",
     "PartitionOffsets": "smartnsq.offsets",
     "Producer": "smartnsq.producer",
-    "ProducerNodeStats": "smartnsq.observe.stats",
-    "ProducerStats": "smartnsq.observe.stats",
+    "ProducerNodeStats": "smartnsq.stats",
+    "ProducerStats": "smartnsq.stats",
     "PublishResult": "smartnsq.protocol.message",
     "partition_offsets": "smartnsq.offsets",
     "run": "smartnsq.runner",

@@ -28,8 +28,8 @@ from smartnsq.errors import ConfigRefused, NSQError, ServerError
 from smartnsq.lag import ChannelLag, consumer_lag
 from smartnsq.message import Message
 from smartnsq.net.connection import ConnectionConfig
-from smartnsq.observe.stats import ConsumerStats, consumer_stats
 from smartnsq.protocol.offsets import Start
+from smartnsq.stats import ConsumerStats, consumer_stats
 from smartnsq.trace import TraceSwitch
 
 
