@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
+from smartnsq.consumer.deadletter_copy import DeadLetters, LastErrors
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
-from smartnsq.deadletter import DeadLetters, LastErrors
 from smartnsq.errors import (
     BadBody,
     BadMessage,
