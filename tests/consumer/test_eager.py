@@ -11,7 +11,8 @@ from typing import Any
 import anyio
 import pytest
 
-from smartnsq import Consumer, Message, Producer, eager
+from smartnsq import Consumer, Message, Producer
+from smartnsq.net import eager
 from smartnsq.net.idle import IdleWorkers
 from tests.helpers import create_channel, unique, wait_until
 
