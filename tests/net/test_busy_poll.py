@@ -17,7 +17,7 @@ from smartnsq import Connection, ConnectionConfig
 from smartnsq.net.busy_poll import BusyPoll
 from smartnsq.protocol.frames import OK_FRAME
 from tests.helpers import UVLOOP
-from tests.test_connection import StubLink
+from tests.net.test_connection import StubLink
 
 waits = st.lists(st.floats(min_value=0.0, max_value=0.1), max_size=40)
 

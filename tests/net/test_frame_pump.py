@@ -18,7 +18,7 @@ from smartnsq.protocol.frames import (
     OK_FRAME,
     encode_frame,
 )
-from tests.test_connection import StubLink
+from tests.net.test_connection import StubLink
 
 BODY = b"\0" * 8 + b"\0\1" + b"0123456789abcdef" + b"hello"
 
