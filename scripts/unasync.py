@@ -52,8 +52,8 @@ SUBS = [
     ("anyio.current_time()", "time.monotonic()"),
     ("anyio.sleep", "time.sleep"),
     (
-        "from smartnsq.connection import Connection",
-        "from smartnsq.sync.connection import SyncConnection",
+        "from smartnsq.net.connection import Connection",
+        "from smartnsq.net.blocking import SyncConnection",
     ),
     ("Connection", "SyncConnection"),
 ]

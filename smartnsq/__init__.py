@@ -7,19 +7,19 @@ from typing import TYPE_CHECKING, Any
 from smartnsq._version import __version__
 
 if TYPE_CHECKING:
-    from smartnsq.connection import Connection, ConnectionConfig, Features
     from smartnsq.consumer import Consumer
     from smartnsq.message import Message
-    from smartnsq.observe.stats import (
+    from smartnsq.net.connection import Connection, ConnectionConfig, Features
+    from smartnsq.offsets import PartitionOffsets, partition_offsets
+    from smartnsq.producer import Producer
+    from smartnsq.protocol.message import PublishResult
+    from smartnsq.runner import run, serve
+    from smartnsq.stats import (
         ConsumerNodeStats,
         ConsumerStats,
         ProducerNodeStats,
         ProducerStats,
     )
-    from smartnsq.offsets import PartitionOffsets, partition_offsets
-    from smartnsq.producer import Producer
-    from smartnsq.protocol.message import PublishResult
-    from smartnsq.runner import run, serve
 
 __all__ = [
     "Connection",
@@ -43,17 +43,17 @@ __all__ = [
 # The names above are imported on first use, from these modules: `import smartnsq` alone (say,
 # by the pytest plugin that pytest loads in every run, or to read __version__) stays cheap.
 _LAZY = {
-    "Connection": "smartnsq.connection",
-    "ConnectionConfig": "smartnsq.connection",
-    "Features": "smartnsq.connection",
+    "Connection": "smartnsq.net.connection",
+    "ConnectionConfig": "smartnsq.net.connection",
+    "Features": "smartnsq.net.connection",
     "Consumer": "smartnsq.consumer",
-    "ConsumerNodeStats": "smartnsq.observe.stats",
-    "ConsumerStats": "smartnsq.observe.stats",
+    "ConsumerNodeStats": "smartnsq.stats",
+    "ConsumerStats": "smartnsq.stats",
     "Message": "smartnsq.message",
     "PartitionOffsets": "smartnsq.offsets",
     "Producer": "smartnsq.producer",
-    "ProducerNodeStats": "smartnsq.observe.stats",
-    "ProducerStats": "smartnsq.observe.stats",
+    "ProducerNodeStats": "smartnsq.stats",
+    "ProducerStats": "smartnsq.stats",
     "PublishResult": "smartnsq.protocol.message",
     "partition_offsets": "smartnsq.offsets",
     "run": "smartnsq.runner",

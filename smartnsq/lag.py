@@ -19,10 +19,10 @@ import anyio
 
 from smartnsq._checks import check_addresses, check_number
 from smartnsq.errors import InvalidArgument, NsqdHttpFailed, NSQError, NSQTimeout, ProtocolError
-from smartnsq.http import HttpClient, HttpError
 from smartnsq.lookup.client import ACCEPT, check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import Node, loads, unwrap
+from smartnsq.net.http import HttpClient, HttpError
 from smartnsq.offsets import http_address, read_partition
 from smartnsq.protocol.names import validate_channel, validate_topic
 from smartnsq.protocol.offsets import parse_partition_stats

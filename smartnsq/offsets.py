@@ -30,10 +30,10 @@ from smartnsq.errors import (
     ProtocolError,
     TopicNotFound,
 )
-from smartnsq.http import HttpClient, HttpError, Response, TooLarge
 from smartnsq.lookup.client import ACCEPT, check_lookupd_addresses
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import Node, TopicLayout, loads
+from smartnsq.net.http import HttpClient, HttpError, Response, TooLarge
 from smartnsq.protocol.names import validate_channel, validate_topic
 from smartnsq.protocol.offsets import (
     PartitionNumbers,

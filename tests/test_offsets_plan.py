@@ -9,8 +9,8 @@ import anyio.abc
 import pytest
 
 from smartnsq.errors import NsqdHttpFailed
-from smartnsq.http import HttpClient
 from smartnsq.lookup.model import Node
+from smartnsq.net.http import HttpClient
 from smartnsq.offsets import StartPlan, read_partition
 from smartnsq.protocol.offsets import Skip, check_start
 from tests.helpers import fake_http, http_response

@@ -16,7 +16,7 @@ from smartnsq.cli.options import CliError, Common, common, common_options, split
 from smartnsq.cli.output import configure_logging, print_json
 from smartnsq.cli.statdata import Node, Snapshot, find_nodes, sample, summarize
 from smartnsq.cli.status import Verdict
-from smartnsq.http import HttpClient
+from smartnsq.net.http import HttpClient
 from smartnsq.protocol.names import validate_topic
 
 __all__ = ["command", "render"]

@@ -17,8 +17,8 @@ import anyio
 
 from smartnsq.cli.options import CliError
 from smartnsq.errors import NSQError
-from smartnsq.http import HttpClient, HttpError
 from smartnsq.lookup.manager import LookupManager
+from smartnsq.net.http import HttpClient, HttpError
 
 __all__ = [
     "Node",

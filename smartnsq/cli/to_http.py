@@ -22,7 +22,7 @@ from smartnsq.cli.tail import RESERVED, topic_list
 from smartnsq.cli.topics import TopicRunner, serving
 from smartnsq.cli.upstreams import MODES, Upstreams
 from smartnsq.cli.words import never_give_up, parse_duration, pass_through
-from smartnsq.http import HttpClient, HttpError
+from smartnsq.net.http import HttpClient, HttpError
 from smartnsq.protocol.http import build_request
 
 __all__ = ["command"]

@@ -17,8 +17,8 @@ from smartnsq.cli.options import CliError, Common
 from smartnsq.cli.statdata import get_json
 from smartnsq.cli.status import Verdict, exit_now, signal_status
 from smartnsq.errors import NSQError
-from smartnsq.http import HttpClient, HttpError
 from smartnsq.lookup.manager import LookupManager
+from smartnsq.net.http import HttpClient, HttpError
 
 __all__ = ["Serve", "TopicRunner", "serving"]
 

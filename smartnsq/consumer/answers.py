@@ -19,7 +19,6 @@ from smartnsq.consumer.pacing import Pacing
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
 from smartnsq.errors import FinFailed, NSQError, ReqFailed, ServerError
-from smartnsq.inbox import Inbox, Kind
 from smartnsq.message import (
     Message,
     id_text,
@@ -32,6 +31,7 @@ from smartnsq.message import (
     write_touch,
     write_touches,
 )
+from smartnsq.net.inbox import Inbox, Kind
 from smartnsq.notice import handler_failed
 
 log = logging.getLogger("smartnsq.consumer")

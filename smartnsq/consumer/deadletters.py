@@ -1,5 +1,5 @@
 """The consumer's dead-letter topic: a message it gives up on is published there first, and
-finished only once nsqd acknowledged the copy (see :mod:`smartnsq.deadletter`).
+finished only once nsqd acknowledged the copy (see :mod:`smartnsq.consumer.deadletter_copy`).
 
 A copy that fails for a reason that may pass (nsqd down or slow, no nsqd listed) leaves the
 original requeued, not finished, so nothing is lost; it comes back after a delay that grows
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
+from smartnsq.consumer.deadletter_copy import DeadLetters, LastErrors
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
-from smartnsq.deadletter import DeadLetters, LastErrors
 from smartnsq.errors import (
     BadBody,
     BadMessage,

@@ -13,7 +13,6 @@ import anyio
 import anyio.abc
 
 from smartnsq._checks import FORKS, check_number, get_ident, owner, wrong_owner
-from smartnsq.connection import ConnectionConfig
 from smartnsq.consumer.answers import Answers
 from smartnsq.consumer.deadletters import DeadLetterTopic
 from smartnsq.consumer.drain import Drain
@@ -28,8 +27,9 @@ from smartnsq.consumer.workers import Workers
 from smartnsq.errors import ConfigRefused, NSQError, ServerError
 from smartnsq.lag import ChannelLag, consumer_lag
 from smartnsq.message import Message
-from smartnsq.observe.stats import ConsumerStats, consumer_stats
+from smartnsq.net.connection import ConnectionConfig
 from smartnsq.protocol.offsets import Start
+from smartnsq.stats import ConsumerStats, consumer_stats
 from smartnsq.trace import TraceSwitch
 
 

@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from smartnsq.connection import Connection
 from smartnsq.consumer.answers import Answers
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
@@ -16,6 +15,7 @@ from smartnsq.consumer.threads import Threads
 from smartnsq.consumer.workers import Workers
 from smartnsq.errors import ConnectionClosed
 from smartnsq.message import Message, delivered, delivered_ordered, delivered_read, id_text
+from smartnsq.net.connection import Connection
 from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
 from smartnsq.protocol.compress import maybe_compressed, unpack

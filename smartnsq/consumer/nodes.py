@@ -18,7 +18,6 @@ import random
 
 import anyio
 
-from smartnsq.connection import Connection
 from smartnsq.consumer.answers import Answers
 from smartnsq.consumer.intake import Intake
 from smartnsq.consumer.pacing import Pacing
@@ -35,14 +34,15 @@ from smartnsq.errors import (
     SubOrderRequired,
     TagNotSupported,
 )
+from smartnsq.logs import OncePerKind
 from smartnsq.lookup.model import Node
 from smartnsq.lookup.shared import SharedLookup, poll_wait, shared_lookup
+from smartnsq.net.connection import Connection
+from smartnsq.net.wakeup import Wakeup
 from smartnsq.notice import settings_refused, topic_missing
-from smartnsq.observe.logs import OncePerKind
 from smartnsq.protocol import commands
 from smartnsq.protocol.handshake import config_refusal
 from smartnsq.protocol.tags import check_tag_subscription
-from smartnsq.wakeup import Wakeup
 
 log = logging.getLogger("smartnsq.consumer")
 

@@ -23,10 +23,10 @@ from smartnsq._checks import (
     check_callable,
     check_number,
 )
-from smartnsq.connection import ConnectionConfig, parse_address
 from smartnsq.errors import InvalidArgument, InvalidType
 from smartnsq.lookup.client import check_lookupd_addresses
 from smartnsq.message import Message
+from smartnsq.net.connection import ConnectionConfig, parse_address
 from smartnsq.offsets import StartPlan
 from smartnsq.protocol.names import validate_channel, validate_topic
 from smartnsq.protocol.offsets import Start

@@ -1,7 +1,7 @@
 """Pacing: how many messages each connection may hold (RDY), and backoff after failures.
 
-The arithmetic is elsewhere (:mod:`smartnsq.rdy` spreads ``max_in_flight``,
-:mod:`smartnsq.backoff` keeps the level and its windows); this drives them over the
+The arithmetic is elsewhere (:mod:`smartnsq.consumer.rdy` spreads ``max_in_flight``,
+:mod:`smartnsq.consumer.backoff` keeps the level and its windows); this drives them over the
 subscriptions.
 """
 
@@ -13,10 +13,10 @@ import time
 
 import anyio
 
-from smartnsq.backoff import RESUME, Backoff, Window
+from smartnsq.consumer.backoff import RESUME, Backoff, Window
+from smartnsq.consumer.rdy import distribute
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
-from smartnsq.rdy import distribute
 
 log = logging.getLogger("smartnsq.consumer")
 
@@ -34,7 +34,7 @@ class Pacing:
         self.backoff = Backoff(options.backoff_unit, options.max_backoff_duration)
 
     def result(self, success: bool) -> None:
-        """Count one handler result (see smartnsq.backoff) and do what it asks."""
+        """Count one handler result (see smartnsq.consumer.backoff) and do what it asks."""
         state = self.state
         if state.stopping:
             return

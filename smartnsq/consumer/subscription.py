@@ -6,9 +6,9 @@ import contextlib
 import time
 from typing import Protocol
 
-from smartnsq.connection import Connection
 from smartnsq.errors import ConnectionClosed
 from smartnsq.message import Answerer, Message
+from smartnsq.net.connection import Connection
 from smartnsq.protocol import commands
 from smartnsq.protocol.message import CLASSIC, MessageLayout
 from smartnsq.protocol.offsets import Skip

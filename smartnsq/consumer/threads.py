@@ -7,7 +7,7 @@ each message right before calling the handler, so a message lives only as long a
 handler runs (no pile of queued objects for the garbage collector to walk), and for the
 usual outcome, FIN, it only appends the message id to its own deque: the loop writes one
 FIN command per batch without touching the messages again. Other outcomes go through the
-:class:`~smartnsq.inbox.Inbox`, which also wakes the loop, once per batch.
+:class:`~smartnsq.net.inbox.Inbox`, which also wakes the loop, once per batch.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from smartnsq.consumer.answers import Answers
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
 from smartnsq.errors import NSQError
-from smartnsq.inbox import Inbox, Kind
 from smartnsq.message import Message, claim_fin, delivered_at
+from smartnsq.net.inbox import Inbox, Kind
 
 log = logging.getLogger("smartnsq.consumer")
 
@@ -249,7 +249,7 @@ class Threads:
 
     def start(self, kick: Callable[[Callable[[], None]], None] | None = None) -> None:
         """On the loop: the inbox, and the pool for a plain ``def`` handler. ``kick``: a task
-        the inbox can have its handling run in (see :class:`~smartnsq.inbox.Inbox`), else it
+        the inbox can have its handling run in (see :class:`~smartnsq.net.inbox.Inbox`), else it
         gets one of its own."""
         state = self.state
         options = state.options

@@ -21,9 +21,9 @@ import anyio
 
 from smartnsq.consumer.answers import Answers
 from smartnsq.consumer.state import State
-from smartnsq.idle import IdleWorkers
 from smartnsq.message import Message, fin_owed, owed
-from smartnsq.wakeup import Wakeup
+from smartnsq.net.idle import IdleWorkers
+from smartnsq.net.wakeup import Wakeup
 
 # A handling begun in the read callback that has to wait: the message, and the handler's
 # coroutine with what it yielded (or None with the awaitable a plain function returned).

@@ -9,7 +9,6 @@ from urllib.parse import urlsplit
 import anyio
 
 from smartnsq.errors import InvalidArgument, LookupFailed, ProtocolError, TopicNotFound
-from smartnsq.http import HttpClient, HttpError, TooLarge
 from smartnsq.lookup.model import (
     MAX_NODES,
     Node,
@@ -23,6 +22,7 @@ from smartnsq.lookup.model import (
     too_many_nodes,
     valid_host,
 )
+from smartnsq.net.http import HttpClient, HttpError, TooLarge
 
 # identity: the size cap counts the bytes we keep, not a compressed stream that may inflate.
 ACCEPT = {"Accept": "application/vnd.nsq; version=1.0", "Accept-Encoding": "identity"}

@@ -35,7 +35,6 @@ import anyio
 
 from smartnsq import _checks
 from smartnsq.errors import InvalidArgument, LookupFailed, NoNsqdAvailable, TopicNotFound
-from smartnsq.http import HttpClient
 from smartnsq.lookup.client import (
     MAX_RESPONSE_SIZE,
     NoListLookup,
@@ -47,6 +46,7 @@ from smartnsq.lookup.client import (
     fetch_nsqds,
 )
 from smartnsq.lookup.model import Node, Skipped, TopicLayout, TopicMeta
+from smartnsq.net.http import HttpClient
 
 _T = TypeVar("_T")
 

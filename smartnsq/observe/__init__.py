@@ -5,7 +5,7 @@ Prometheus registry; :mod:`smartnsq.observe.otel` (``smartnsq[otel]``) adds Open
 spans to publishes and handlers. Neither is imported by ``import smartnsq``.
 """
 
-from smartnsq.observe.stats import (
+from smartnsq.stats import (
     ConsumerNodeStats,
     ConsumerStats,
     ProducerNodeStats,

@@ -48,8 +48,8 @@ from smartnsq.consumer import Consumer
 from smartnsq.errors import InvalidArgument, InvalidType, NSQError
 from smartnsq.lag import ChannelLag
 from smartnsq.observe.lagpoll import LagPoller
-from smartnsq.observe.stats import ConsumerStats, ProducerStats
 from smartnsq.producer import Producer
+from smartnsq.stats import ConsumerStats, ProducerStats
 from smartnsq.sync.consumer import Consumer as SyncConsumer
 from smartnsq.sync.producer import Producer as SyncProducer
 

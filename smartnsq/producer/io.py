@@ -35,7 +35,6 @@ from smartnsq.errors import (
     TopicNotFound,
 )
 from smartnsq.lookup.model import TopicLayout
-from smartnsq.observe.stats import ProducerStats
 from smartnsq.ordered.sharding import ShardingKey
 from smartnsq.producer.nodes import check_server
 from smartnsq.producer.plan import (
@@ -51,9 +50,10 @@ from smartnsq.producer.plan import (
 from smartnsq.producer.settings import Settings
 from smartnsq.protocol.handshake import config_refusal
 from smartnsq.protocol.message import PublishResult
+from smartnsq.stats import ProducerStats
 
 if TYPE_CHECKING:  # the blocking twin's are imported by smartnsq.sync: no circle at run time
-    from smartnsq.connection import Connection
+    from smartnsq.net.connection import Connection
     from smartnsq.producer.links import LinkNode, Links
 
 log = logging.getLogger("smartnsq.producer")

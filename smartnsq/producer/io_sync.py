@@ -24,7 +24,6 @@ from smartnsq.errors import (
     TopicNotFound,
 )
 from smartnsq.lookup.model import TopicLayout
-from smartnsq.observe.stats import ProducerStats
 from smartnsq.ordered.sharding import ShardingKey
 from smartnsq.producer.nodes import check_server
 from smartnsq.producer.plan import (
@@ -40,10 +39,11 @@ from smartnsq.producer.plan import (
 from smartnsq.producer.settings import Settings
 from smartnsq.protocol.handshake import config_refusal
 from smartnsq.protocol.message import PublishResult
+from smartnsq.stats import ProducerStats
 
 if TYPE_CHECKING:  # the blocking twin's are imported by smartnsq.sync: no circle at run time
+    from smartnsq.net.blocking import SyncConnection
     from smartnsq.producer.links_sync import SyncLinkNode, SyncLinks
-    from smartnsq.sync.connection import SyncConnection
 
 log = logging.getLogger("smartnsq.producer")
 

@@ -14,10 +14,10 @@ import anyio
 import anyio.abc
 
 from smartnsq._checks import FORKS, owner, wrong_owner
-from smartnsq.connection import Connection
 from smartnsq.errors import NSQError, NSQTimeout
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import TopicLayout
+from smartnsq.net.connection import Connection
 from smartnsq.producer.nodes import Node, Nodes
 from smartnsq.producer.settings import Settings
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import anyio
 
@@ -22,15 +21,11 @@ from smartnsq._checks import FORKS
 from smartnsq.errors import ConnectionClosed, NSQError, NSQTimeout, UsedAfterFork
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import TopicLayout
+from smartnsq.net.blocking import SyncConnection
 from smartnsq.producer.nodes import Node, Nodes
 from smartnsq.producer.settings import Settings
 
-if TYPE_CHECKING:
-    # Imported where a connection is opened: importing smartnsq.sync imports the blocking
-    # front door, which imports this module.
-    from smartnsq.sync.connection import SyncConnection
-
-SyncLinkNode = Node["SyncConnection", threading.Lock]
+SyncLinkNode = Node[SyncConnection, threading.Lock]
 
 PRODUCER_DOC = """Publishes messages to one or more nsqd from plain (non-async) code.
 
@@ -135,8 +130,6 @@ class SyncLinks:
                 return conn
             if self.closed:
                 raise NSQError("this Producer is closed")
-            from smartnsq.sync.connection import SyncConnection
-
             nodes = self.nodes
             with nodes.opening(node):
                 conn = SyncConnection.open(

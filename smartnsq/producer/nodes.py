@@ -29,10 +29,10 @@ from smartnsq.errors import (
 )
 from smartnsq.lookup.model import TopicLayout
 from smartnsq.notice import settings_refused
-from smartnsq.observe.stats import ProducerNodeStats, ProducerStats
 from smartnsq.ordered.sharding import ShardingKey
 from smartnsq.producer.settings import Settings
 from smartnsq.protocol.handshake import Features, config_refusal
+from smartnsq.stats import ProducerNodeStats, ProducerStats
 
 log = logging.getLogger("smartnsq.producer")
 

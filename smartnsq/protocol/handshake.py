@@ -1,6 +1,6 @@
 """The connection handshake, sans-IO: what a client sends and decides after connecting.
 
-Both the async :class:`~smartnsq.connection.Connection` and the blocking client drive a
+Both the async :class:`~smartnsq.net.connection.Connection` and the blocking client drive a
 :class:`Handshake`: it says what to do next (send bytes, start TLS, switch on compression),
 the driver does it and hands back the payload of nsqd's next response frame, until the
 handshake is done. Also here: the connection settings (:class:`ConnectionConfig`), what
@@ -90,7 +90,7 @@ class ConnectionConfig:
         max_frame_size: Largest frame accepted from nsqd, in bytes.
         auth_over_plaintext: False refuses to send ``auth_secret`` without TLS.
         busy_poll: Longest time, in seconds, a request alone in flight polls for its answer
-            before the caller sleeps on it (see ``smartnsq.busy_poll``); 0 never polls.
+            before the caller sleeps on it (see ``smartnsq.net.busy_poll``); 0 never polls.
             Producers set it from their own ``busy_poll``; consumers leave it 0.
 
     Raises:
@@ -418,7 +418,7 @@ def check_output_buffer(size: object, timeout: object) -> None:
 
 
 def check_config(c: ConnectionConfig) -> None:
-    """Types and ranges of every :class:`~smartnsq.connection.ConnectionConfig` field."""
+    """Types and ranges of every :class:`~smartnsq.net.connection.ConnectionConfig` field."""
     _checks.check_str("client_id", c.client_id, allow_none=True)
     _checks.check_str("hostname", c.hostname)
     _checks.check_str("user_agent", c.user_agent)

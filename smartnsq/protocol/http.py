@@ -1,5 +1,5 @@
 """HTTP/1.1 for nsqlookupd's and nsqd's HTTP APIs, sans-IO, on h11: a request to bytes, and
-the bytes of its answer to a status and a body. :mod:`smartnsq.http` runs them over a socket.
+the bytes of its answer to a status and a body. :mod:`smartnsq.net.http` runs them over a socket.
 
 What these APIs need is little: a GET or POST with a query, and a JSON answer of a few
 kilobytes read whole, within a size cap. One connection per request (``Connection:

@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from smartnsq.connection import parse_address
 from smartnsq.errors import InvalidArgument, InvalidType, NSQError
 from smartnsq.lookup.client import check_lookupd_addresses
+from smartnsq.net.connection import parse_address
 from smartnsq.protocol.names import validate_channel, validate_topic
 from smartnsq.spark.spec import Spec, parse_spec, parse_time
 

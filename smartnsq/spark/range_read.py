@@ -162,7 +162,7 @@ class _Read:
         self.rows = _new_rows(info)
         # Here, not at the top: the driver imports this module too, and smartnsq.sync costs
         # 40 ms of a query's start there.
-        from smartnsq.sync.connection import SyncConnection
+        from smartnsq.net.blocking import SyncConnection
 
         config = dataclasses.replace(config, extend_support=True if info.ext else None)
         own = SyncConnection.open(info.nsqd, config, config.connect_timeout).detach(STALL_TIMEOUT)

@@ -15,9 +15,9 @@ import logging
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
-from smartnsq.connection import parse_address
 from smartnsq.errors import LookupFailed, NoNsqdAvailable, NSQError
 from smartnsq.lookup.model import TopicLayout
+from smartnsq.net.connection import parse_address
 from smartnsq.notice import warn_unheard
 from smartnsq.spark import youzan
 from smartnsq.spark.options import Settings

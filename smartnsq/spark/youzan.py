@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from smartnsq.errors import LookupFailed, NsqdHttpFailed, NSQError, TopicNotFound
-from smartnsq.http import HttpError, Response, request_blocking
 from smartnsq.lookup.client import ACCEPT, MAX_RESPONSE_SIZE
 from smartnsq.lookup.model import TopicLayout, loads, parse_lookup
+from smartnsq.net.http import HttpError, Response, request_blocking
 from smartnsq.offsets import (
     SETTLE_PAUSE,
     SETTLE_TRIES,

@@ -30,8 +30,8 @@ from smartnsq.consumer.options import GivingUp
 from smartnsq.errors import InvalidType, NSQError
 from smartnsq.lag import ChannelLag, consumer_lag
 from smartnsq.message import Message
-from smartnsq.observe.stats import ConsumerStats
 from smartnsq.protocol.offsets import Start
+from smartnsq.stats import ConsumerStats
 
 # A handled message's FIN waits for the rest of its burst only while the loop body, from
 # the moment it got that message, has taken less than this (seconds).

@@ -9,8 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from smartnsq._checks import DEFAULT_MAX_DELAY
-from smartnsq.busy_poll import DEFAULT_LIMIT as BUSY_POLL_LIMIT
-from smartnsq.observe.stats import ProducerStats
+from smartnsq.net.busy_poll import DEFAULT_LIMIT as BUSY_POLL_LIMIT
 from smartnsq.ordered.sharding import Sharder, ShardingKey
 from smartnsq.producer.io_sync import SyncPublisher
 from smartnsq.producer.links_sync import SyncLinks
@@ -18,6 +17,7 @@ from smartnsq.producer.plan import ManyHeaders, Plan
 from smartnsq.producer.settings import DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_MESSAGE_SIZE, Settings
 from smartnsq.protocol.compress import DEFAULT_MIN_SIZE
 from smartnsq.protocol.message import PublishResult
+from smartnsq.stats import ProducerStats
 from smartnsq.trace import TraceSwitch
 
 __all__ = ["Producer"]

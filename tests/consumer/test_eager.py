@@ -1,4 +1,4 @@
-"""smartnsq.eager: its probe, and the public fallback when the probe fails or the eager
+"""smartnsq.net.eager: its probe, and the public fallback when the probe fails or the eager
 mechanisms are switched off (futures woken on the loop's next pass, no worker runs in a
 callback), the consumer working the same either way."""
 
@@ -11,8 +11,9 @@ from typing import Any
 import anyio
 import pytest
 
-from smartnsq import Consumer, Message, Producer, eager
-from smartnsq.idle import IdleWorkers
+from smartnsq import Consumer, Message, Producer
+from smartnsq.net import eager
+from smartnsq.net.idle import IdleWorkers
 from tests.helpers import create_channel, unique, wait_until
 
 

@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 import smartnsq.consumer.pacing as pacing_module
-from smartnsq.rdy import distribute
+from smartnsq.consumer.rdy import distribute
 from tests.consumer.test_parts import MID, MID2, Parts, read
 from tests.helpers import wait_until
 

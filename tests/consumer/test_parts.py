@@ -20,8 +20,8 @@ from smartnsq.consumer.subscription import Subscription
 from smartnsq.consumer.threads import Threads
 from smartnsq.consumer.workers import Workers
 from smartnsq.errors import ConnectionClosed, NSQError
-from smartnsq.inbox import Kind
 from smartnsq.message import Message, owed
+from smartnsq.net.inbox import Kind
 from smartnsq.protocol.frames import FRAME_MESSAGE, FrameDecoder, encode_frame
 from smartnsq.protocol.message import CLASSIC, RawMessage, encode_message
 

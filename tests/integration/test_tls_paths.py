@@ -25,10 +25,10 @@ from anyio.from_thread import start_blocking_portal
 
 from smartnsq import Connection, ConnectionConfig, Consumer, Producer, sync
 from smartnsq.errors import ConnectionClosed, NSQTimeout
+from smartnsq.net.blocking import SyncConnection
 from smartnsq.protocol import RawMessage, commands, decode_message
 from smartnsq.protocol.frames import FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT, encode_frame
 from smartnsq.protocol.message import MessageLayout
-from smartnsq.sync.connection import SyncConnection
 from tests.fakes import fake_server, read_identify, read_until_closed
 from tests.helpers import (
     EVERY_LOOP,

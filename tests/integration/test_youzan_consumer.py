@@ -16,8 +16,8 @@ import pytest
 from compat.youzan import create_topic
 from smartnsq import Consumer, Message, Producer
 from smartnsq.errors import SubOrderRequired
+from smartnsq.net.transport import AsyncioLink
 from smartnsq.trace import JsonFormatter
-from smartnsq.transport import AsyncioLink
 from tests.helpers import lookupds, unique, wait_until
 
 pytestmark = [

@@ -19,10 +19,10 @@ import pytest
 import smartnsq.offsets
 from smartnsq import Consumer, Producer
 from smartnsq.errors import LookupFailed, NsqdHttpFailed
-from smartnsq.http import HttpClient
 from smartnsq.lookup.client import MAX_RESPONSE_SIZE, fetch_lookup
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import Node
+from smartnsq.net.http import HttpClient
 from smartnsq.offsets import read_partition
 from tests.helpers import (
     FakeApi,

@@ -7,7 +7,6 @@ import anyio.abc
 import pytest
 
 from smartnsq.errors import InvalidArgument, LookupFailed, ProtocolError, TopicNotFound
-from smartnsq.http import HttpClient
 from smartnsq.lookup import (
     Node,
     TopicMeta,
@@ -18,6 +17,7 @@ from smartnsq.lookup import (
 )
 from smartnsq.lookup.manager import LookupManager
 from smartnsq.lookup.model import Skipped, loads, parse_listlookup
+from smartnsq.net.http import HttpClient
 from tests.helpers import (
     FakeApi,
     HttpRequest,

@@ -10,10 +10,10 @@ from typing import Any
 import anyio
 import pytest
 
-import smartnsq.http
+import smartnsq.net.http
 from smartnsq.errors import LookupFailed, TopicNotFound
-from smartnsq.http import HttpClient, Response
 from smartnsq.lookup.manager import LookupManager
+from smartnsq.net.http import HttpClient, Response
 from tests.helpers import (
     FakeApi,
     drip,
@@ -319,7 +319,7 @@ async def test_only_an_https_seed_loads_the_trust_store(
         loaded.append(True)
         raise NoTrustStore
 
-    monkeypatch.setattr(smartnsq.http, "tls_verify", verify)
+    monkeypatch.setattr(smartnsq.net.http, "tls_verify", verify)
     a.routes["/listlookup"] = json_body(listlookup(a.url, c.url))
     for lookupd in (a, b, c):
         lookupd.routes["/lookup"] = producers("10.0.0.1")

@@ -36,7 +36,7 @@ def test_the_probe_sees_a_dependency_once_it_is_used() -> None:
 def test_a_lookupd_request_loads_no_heavy_dependency() -> None:
     # every Consumer and Producer makes one before its first message (httpx took 30-40 ms)
     code = (
-        "import anyio; from smartnsq.http import HttpClient, HttpError\n"
+        "import anyio; from smartnsq.net.http import HttpClient, HttpError\n"
         "async def ask():\n"
         "    try: await HttpClient().get('http://127.0.0.1:9/lookup')\n"
         "    except HttpError: pass\n"

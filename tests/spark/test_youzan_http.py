@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-import smartnsq.http
+import smartnsq.net.http
 from smartnsq.spark import youzan
 from tests.helpers import HttpRequest, blocking_fake_api
 
@@ -27,7 +27,7 @@ def test_plain_http_never_loads_the_trust_store(monkeypatch: pytest.MonkeyPatch)
         asked.append(True)
         raise NoTrustStore
 
-    monkeypatch.setattr(smartnsq.http, "tls_verify", verify)
+    monkeypatch.setattr(smartnsq.net.http, "tls_verify", verify)
     with LateNsqd(400, 0).serving() as nsqd:
         info = nsqd.partition()
         assert youzan.offsets_at_time([info], 1_700_000_000, "spark") == {0: 400}

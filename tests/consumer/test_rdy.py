@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from smartnsq.rdy import distribute
+from smartnsq.consumer.rdy import distribute
 
 conn_states = st.lists(
     st.tuples(

@@ -2,7 +2,7 @@
 
 On asyncio each wait is a future: it costs about half of an ``anyio.Event`` (3.4 against
 7.7 µs per wake, measured), which counts when every ordered message wakes a worker. It is an
-:class:`~smartnsq.eager.EagerFuture`, so an ordered message can resume its worker right in
+:class:`~smartnsq.net.eager.EagerFuture`, so an ordered message can resume its worker right in
 the read callback (the worker's task runs as itself, as the loop would run it one pass
 later). On other backends (trio) it is an ``anyio.Event``.
 
@@ -10,7 +10,7 @@ Even that wake costs about as much as the rest of an ordered message's handling 
 a task step, the worker's loop). :meth:`IdleWorkers.run_as_worker` skips it: it runs the
 worker's code for one message right in the read callback, as the idle worker's task and in
 its context, which is what the task step does; only a handler that has to wait is handed to
-the worker itself. Both need :mod:`smartnsq.eager`'s mechanisms; without them (its probe
+the worker itself. Both need :mod:`smartnsq.net.eager`'s mechanisms; without them (its probe
 failed, or they are switched off) a wake is a plain future's and ``run_as_worker`` declines.
 """
 
@@ -23,8 +23,8 @@ from typing import Any, Literal, TypeVar
 
 import anyio
 
-from smartnsq import eager
-from smartnsq.eager import NOT_RUN, EagerFuture, run_as_task
+from smartnsq.net import eager
+from smartnsq.net.eager import NOT_RUN, EagerFuture, run_as_task
 
 T = TypeVar("T")
 Job = Any  # what run_as_worker hands a worker: its wait() returns it
@@ -91,7 +91,7 @@ class IdleWorkers:
         worker's task, in that task's context, as waking it would run it one step later. If
         ``fn`` returns a job, that worker wakes with it. False (nothing run) when no worker
         waits, or not on asyncio, or when called from inside a task, or without
-        :mod:`smartnsq.eager`'s mechanisms."""
+        :mod:`smartnsq.net.eager`'s mechanisms."""
         if not self._loop:  # not waited on yet, or not asyncio
             return False
         waiting = self._waiting

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from smartnsq import eager
-from smartnsq.idle import IdleWorkers
+from smartnsq.net import eager
+from smartnsq.net.idle import IdleWorkers
 
 
 @pytest.fixture(autouse=True)

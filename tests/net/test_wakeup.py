@@ -7,7 +7,7 @@ import asyncio
 import anyio
 import pytest
 
-from smartnsq.wakeup import Wakeup
+from smartnsq.net.wakeup import Wakeup
 
 pytestmark = pytest.mark.anyio
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-import smartnsq.sync.connection as connection_module
-from smartnsq.busy_poll import BusyPoll
+import smartnsq.net.blocking as connection_module
+from smartnsq.net.busy_poll import BusyPoll
 from smartnsq.sync import Producer
 from tests.fakes import accept_identify
 from tests.helpers import topic_stats, unique

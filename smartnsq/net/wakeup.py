@@ -13,7 +13,7 @@ import asyncio
 import anyio
 import anyio.lowlevel
 
-from smartnsq.transport import running_on_asyncio
+from smartnsq.net.transport import running_on_asyncio
 
 __all__ = ["Wakeup"]
 

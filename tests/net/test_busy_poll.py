@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import smartnsq.connection as connection_module
-import smartnsq.waiters as waiters_module
+import smartnsq.net.connection as connection_module
+import smartnsq.net.waiters as waiters_module
 from smartnsq import Connection, ConnectionConfig
-from smartnsq.busy_poll import BusyPoll
+from smartnsq.net.busy_poll import BusyPoll
 from smartnsq.protocol.frames import OK_FRAME
 from tests.helpers import UVLOOP
-from tests.test_connection import StubLink
+from tests.net.test_connection import StubLink
 
 waits = st.lists(st.floats(min_value=0.0, max_value=0.1), max_size=40)
 

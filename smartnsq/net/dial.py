@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import anyio
 
 from smartnsq.errors import ConnectFailed, NSQError
+from smartnsq.net.transport import Link, open_link
 from smartnsq.protocol.frames import FrameDecoder
 from smartnsq.protocol.handshake import (
     ConnectionConfig,
@@ -24,7 +25,6 @@ from smartnsq.protocol.handshake import (
     Step,
     parse_address,
 )
-from smartnsq.transport import Link, open_link
 
 __all__ = ["Handshaken", "dial", "handshake"]
 

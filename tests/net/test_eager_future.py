@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from smartnsq import eager
-from smartnsq.eager import EagerFuture as _EagerFuture
+from smartnsq.net import eager
+from smartnsq.net.eager import EagerFuture as _EagerFuture
 
 pytestmark = pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 

@@ -4,7 +4,7 @@ A connection queues a waiter per request and resolves the oldest with each respo
 frame (answers come in request order). Two kinds: an :class:`EventWaiter` on any anyio
 backend, and on asyncio (uvloop included) a :class:`FutureWaiter` whose eager future resumes
 the waiting task right where the answer is read. :func:`keep_polling` keeps the loop polling
-its sockets while a lone request's answer is due (see ``smartnsq.busy_poll``).
+its sockets while a lone request's answer is due (see ``smartnsq.net.busy_poll``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 import anyio
 
-from smartnsq.busy_poll import cpu_yield
-from smartnsq.eager import EagerFuture
+from smartnsq.net.busy_poll import cpu_yield
+from smartnsq.net.eager import EagerFuture
 
 __all__ = ["EventWaiter", "FutureWaiter", "Waiter", "keep_polling"]
 

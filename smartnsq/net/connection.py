@@ -8,9 +8,9 @@ message frames to ``on_messages``.
 Writes are coalesced: :meth:`queue` appends to an outgoing buffer and :meth:`flush` sends all
 of it in one write, so many commands queued while a write is in progress go out together.
 
-The parts, one module each: ``smartnsq.dial`` opens the connection (TCP, then the
-handshake), ``smartnsq.frame_pump`` is the read side (frames in, answers and message batches
-out), ``smartnsq.waiters`` the requests waiting for their answers; this module holds the
+The parts, one module each: ``smartnsq.net.dial`` opens the connection (TCP, then the
+handshake), ``smartnsq.net.frame_pump`` is the read side (frames in, answers and message batches
+out), ``smartnsq.net.waiters`` the requests waiting for their answers; this module holds the
 connection's state, the write path, the watchdog and closing.
 """
 
@@ -24,10 +24,6 @@ from typing import Any
 
 import anyio
 
-from smartnsq import eager
-from smartnsq.busy_poll import BusyPoll
-from smartnsq.dial import dial, handshake
-from smartnsq.eager import EagerFuture
 from smartnsq.errors import (
     ConnectionClosed,
     NSQTimeout,
@@ -36,11 +32,15 @@ from smartnsq.errors import (
     closed_error,
     unanswered_error,
 )
-from smartnsq.frame_pump import FramePump
+from smartnsq.net import eager
+from smartnsq.net.busy_poll import BusyPoll
+from smartnsq.net.dial import dial, handshake
+from smartnsq.net.eager import EagerFuture
+from smartnsq.net.frame_pump import FramePump
+from smartnsq.net.transport import Link, running_on_asyncio
+from smartnsq.net.waiters import EventWaiter, FutureWaiter, Waiter, keep_polling
 from smartnsq.protocol.frames import Span
 from smartnsq.protocol.handshake import ConnectionConfig, Features, parse_address
-from smartnsq.transport import Link, running_on_asyncio
-from smartnsq.waiters import EventWaiter, FutureWaiter, Waiter, keep_polling
 
 __all__ = ["Connection", "ConnectionConfig", "Features", "parse_address"]
 

@@ -18,8 +18,8 @@ import anyio.abc
 import pytest
 import trustme
 
-import smartnsq.http
-from smartnsq.http import HttpClient, HttpError, TooLarge, request_blocking, tls_verify
+import smartnsq.net.http
+from smartnsq.net.http import HttpClient, HttpError, TooLarge, request_blocking, tls_verify
 from tests.helpers import fake_api, fake_http, http_response, unused_address
 
 
@@ -121,7 +121,7 @@ async def test_plain_http_never_loads_the_trust_store(
     monkeypatch: pytest.MonkeyPatch, anyio_backend
 ):
     asked: list[int] = []
-    monkeypatch.setattr(smartnsq.http, "tls_verify", lambda: asked.append(1))
+    monkeypatch.setattr(smartnsq.net.http, "tls_verify", lambda: asked.append(1))
     with blocking_server(http_response(200, b"{}")) as address:
         assert await HttpClient().get(f"http://{address}/") == (200, b"{}")
         assert request_blocking("GET", f"http://{address}/", timeout=5) == (200, b"{}")

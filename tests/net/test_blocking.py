@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from smartnsq.errors import ConnectionClosed
+from smartnsq.net.blocking import SyncConnection
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import FRAME_RESPONSE, OK
 from smartnsq.protocol.handshake import ConnectionConfig
-from smartnsq.sync.connection import SyncConnection
 from tests.helpers import unique
 
 pytestmark = pytest.mark.integration

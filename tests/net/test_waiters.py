@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from smartnsq.eager import EagerFuture
 from smartnsq.errors import NSQTimeout
-from smartnsq.waiters import EventWaiter, FutureWaiter, Waiter
+from smartnsq.net.eager import EagerFuture
+from smartnsq.net.waiters import EventWaiter, FutureWaiter, Waiter
 
 
 def make(kind: str) -> Waiter:

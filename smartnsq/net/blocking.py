@@ -18,7 +18,6 @@ import threading
 import time
 from collections import deque
 
-from smartnsq.busy_poll import BusyPoll, cpu_yield
 from smartnsq.errors import (
     ConnectFailed,
     ConnectionClosed,
@@ -29,6 +28,7 @@ from smartnsq.errors import (
     error_from_frame,
     unanswered_error,
 )
+from smartnsq.net.busy_poll import BusyPoll, cpu_yield
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import FRAME_ERROR, FRAME_RESPONSE, HEARTBEAT, FrameDecoder
 from smartnsq.protocol.handshake import (

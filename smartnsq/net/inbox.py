@@ -9,8 +9,8 @@ from collections.abc import Callable
 from enum import IntEnum
 from typing import Any
 
-from smartnsq.transport import running_on_asyncio
-from smartnsq.wakeup import Wakeup
+from smartnsq.net.transport import running_on_asyncio
+from smartnsq.net.wakeup import Wakeup
 
 log = logging.getLogger("smartnsq.consumer")
 

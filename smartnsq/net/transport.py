@@ -1,4 +1,4 @@
-"""Byte transports under :class:`~smartnsq.connection.Connection`.
+"""Byte transports under :class:`~smartnsq.net.connection.Connection`.
 
 Two implementations of one small interface:
 

@@ -13,6 +13,8 @@ from collections import deque
 from collections.abc import Callable
 
 from smartnsq.errors import ServerError, error_from_frame
+from smartnsq.net.transport import Link
+from smartnsq.net.waiters import Waiter
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import (
     FRAME_MESSAGE,
@@ -23,8 +25,6 @@ from smartnsq.protocol.frames import (
     FrameDecoder,
     Span,
 )
-from smartnsq.transport import Link
-from smartnsq.waiters import Waiter
 
 __all__ = ["FramePump"]
 

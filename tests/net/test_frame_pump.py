@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from smartnsq.errors import FinFailed, NotLeader, ServerError
-from smartnsq.frame_pump import FramePump
+from smartnsq.net.frame_pump import FramePump
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import (
     FRAME_ERROR,
@@ -18,7 +18,7 @@ from smartnsq.protocol.frames import (
     OK_FRAME,
     encode_frame,
 )
-from tests.test_connection import StubLink
+from tests.net.test_connection import StubLink
 
 BODY = b"\0" * 8 + b"\0\1" + b"0123456789abcdef" + b"hello"
 

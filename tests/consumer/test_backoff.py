@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from smartnsq.backoff import RESUME, Backoff, Window
+from smartnsq.consumer.backoff import RESUME, Backoff, Window
 
 
 def policy(unit: float = 1.0, max_duration: float = 128.0) -> Backoff:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from smartnsq.transport import AsyncioLink, open_link
+from smartnsq.net.transport import AsyncioLink, open_link
 
 
 @pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
