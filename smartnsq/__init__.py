@@ -8,7 +8,7 @@ from smartnsq._version import __version__
 
 if TYPE_CHECKING:
     from smartnsq.consumer import Consumer
-    from smartnsq.message import Message
+    from smartnsq.consumer.message import Message
     from smartnsq.net.connection import Connection, ConnectionConfig, Features
     from smartnsq.offsets import PartitionOffsets, partition_offsets
     from smartnsq.producer import Producer
@@ -49,7 +49,7 @@ _LAZY = {
     "Consumer": "smartnsq.consumer",
     "ConsumerNodeStats": "smartnsq.stats",
     "ConsumerStats": "smartnsq.stats",
-    "Message": "smartnsq.message",
+    "Message": "smartnsq.consumer.message",
     "PartitionOffsets": "smartnsq.offsets",
     "Producer": "smartnsq.producer",
     "ProducerNodeStats": "smartnsq.stats",

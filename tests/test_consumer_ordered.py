@@ -11,8 +11,8 @@ import pytest
 
 from smartnsq import Consumer, Message
 from smartnsq.consumer import Subscription
+from smartnsq.consumer.message import sub_of
 from smartnsq.errors import ProtocolError
-from smartnsq.message import sub_of
 from smartnsq.protocol.frames import FRAME_MESSAGE, FrameDecoder, encode_frame
 from smartnsq.protocol.message import MessageLayout, RawMessage, decode_message, encode_message
 

@@ -14,8 +14,8 @@ The layers, from the ground up (``LAYERS``), as the imports show them:
 - ``lookup``: nsqlookupd, over ``net``'s HTTP.
 - ``producer``: publishing; it knows nothing of consuming.
 - ``offsets``: partition offsets and lag, read through ``lookup`` and ``net``.
-- ``consumer``: consuming; the dead-letter copy publishes through a producer it is given.
-  ``smartnsq.message`` is placed here already: the delivery is the consumer's.
+- ``consumer``: consuming, the delivery (``consumer.message``) included; the dead-letter copy
+  publishes through a producer it is given.
 - ``front doors``: what users call: the blocking front doors, Spark, the runner, the pytest
   plugin.
 - ``adapters``: metrics and tracing around the front doors (``observe``).
@@ -54,7 +54,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("lookup", ("smartnsq.lookup",)),
     ("producer", ("smartnsq.producer",)),
     ("offsets", ("smartnsq.offsets", "smartnsq.lag")),
-    ("consumer", ("smartnsq.consumer", "smartnsq.message")),
+    ("consumer", ("smartnsq.consumer",)),
     ("front doors", ("smartnsq.sync", "smartnsq.spark", "smartnsq.runner", "smartnsq.testing")),
     ("adapters", ("smartnsq.observe",)),
     ("package", ("smartnsq",)),

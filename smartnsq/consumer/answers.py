@@ -1,7 +1,7 @@
 """Answers: what FIN, REQ and TOUCH mean to the consumer, for one message or a run of ids,
 from the loop or from any thread (the counters, backoff, refusals); giving up on a message;
 a handler's failure or result. The commands themselves are written by the delivery module
-(:mod:`smartnsq.message`).
+(:mod:`smartnsq.consumer.message`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,7 @@ from typing import Any, Literal
 
 from smartnsq._checks import check_requeue_delay
 from smartnsq.consumer.deadletters import DeadLetterTopic
-from smartnsq.consumer.pacing import Pacing
-from smartnsq.consumer.state import State
-from smartnsq.consumer.subscription import Subscription
-from smartnsq.errors import FinFailed, NSQError, ReqFailed, ServerError
-from smartnsq.message import (
+from smartnsq.consumer.message import (
     Message,
     id_text,
     owed,
@@ -31,6 +27,10 @@ from smartnsq.message import (
     write_touch,
     write_touches,
 )
+from smartnsq.consumer.pacing import Pacing
+from smartnsq.consumer.state import State
+from smartnsq.consumer.subscription import Subscription
+from smartnsq.errors import FinFailed, NSQError, ReqFailed, ServerError
 from smartnsq.net.inbox import Inbox, Kind
 from smartnsq.notice import handler_failed
 
@@ -40,7 +40,7 @@ Outcome = Literal["finish", "requeue", "back"]
 
 
 class Answers:
-    """The consumer's :class:`~smartnsq.message.Answerer` and its answer counters."""
+    """The consumer's :class:`~smartnsq.consumer.message.Answerer` and its answer counters."""
 
     __slots__ = (
         "awaiting",
@@ -72,7 +72,7 @@ class Answers:
         # Where given-up messages go first (dead_letter_topic), if anywhere.
         self.dead: DeadLetterTopic | None = None
 
-    # -- from any thread (smartnsq.message.Answerer) ----------------------------------------------
+    # -- from any thread (smartnsq.consumer.message.Answerer) ------------------------------
 
     def on_loop(self) -> bool:
         return threading.get_ident() == self.state.thread

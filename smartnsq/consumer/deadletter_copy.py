@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from smartnsq.message import Message, id_text
+from smartnsq.consumer.message import Message, id_text
 from smartnsq.protocol.compress import COMPRESS_KEY, SIZE_KEY
 
 __all__ = ["FACTS", "DeadLetters", "LastErrors", "error_text", "facts"]

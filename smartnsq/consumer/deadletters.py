@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 
 from smartnsq.consumer.deadletter_copy import DeadLetters, LastErrors
+from smartnsq.consumer.message import Message, id_text, sub_of
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
 from smartnsq.errors import (
@@ -30,7 +31,6 @@ from smartnsq.errors import (
     TopicNotFound,
 )
 from smartnsq.lookup.manager import LookupManager
-from smartnsq.message import Message, id_text, sub_of
 from smartnsq.notice import warn_unheard
 
 if TYPE_CHECKING:

@@ -11,13 +11,13 @@ import anyio
 
 from smartnsq.consumer.answers import Answers
 from smartnsq.consumer.intake import Intake
+from smartnsq.consumer.message import Message, delivered_at, owed, sub_of, times
 from smartnsq.consumer.nodes import Nodes
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
 from smartnsq.consumer.threads import Threads
 from smartnsq.consumer.workers import Workers
 from smartnsq.errors import NSQError
-from smartnsq.message import Message, delivered_at, owed, sub_of, times
 from smartnsq.protocol import commands
 
 log = logging.getLogger("smartnsq.consumer")

@@ -17,6 +17,7 @@ from smartnsq.consumer.answers import Answers
 from smartnsq.consumer.deadletters import DeadLetterTopic
 from smartnsq.consumer.drain import Drain
 from smartnsq.consumer.intake import Intake
+from smartnsq.consumer.message import Message
 from smartnsq.consumer.nodes import Nodes
 from smartnsq.consumer.options import GivingUp, Handler, Options, is_async_handler
 from smartnsq.consumer.pacing import Pacing
@@ -26,7 +27,6 @@ from smartnsq.consumer.threads import Threads
 from smartnsq.consumer.workers import Workers
 from smartnsq.errors import ConfigRefused, NSQError, ServerError
 from smartnsq.lag import ChannelLag, consumer_lag
-from smartnsq.message import Message
 from smartnsq.net.connection import ConnectionConfig
 from smartnsq.protocol.offsets import Start
 from smartnsq.stats import ConsumerStats, consumer_stats

@@ -9,12 +9,12 @@ from collections.abc import Callable, Iterator
 from functools import partial
 
 from smartnsq.consumer.answers import Answers
+from smartnsq.consumer.message import Message, delivered, delivered_ordered, delivered_read, id_text
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
 from smartnsq.consumer.threads import Threads
 from smartnsq.consumer.workers import Workers
 from smartnsq.errors import ConnectionClosed
-from smartnsq.message import Message, delivered, delivered_ordered, delivered_read, id_text
 from smartnsq.net.connection import Connection
 from smartnsq.ordered.validation import OrderChecker
 from smartnsq.protocol import commands
@@ -42,9 +42,10 @@ class Intake:
     (whole reads, see :meth:`set_raw_sink`), a message sink (see :meth:`set_sink`; whole
     reads too, when it has a read sink), or the workers' queue (an ``async def`` handler,
     or pulling). An ordered subscription's reads (one partition) with an async handler take
-    the shortest way (:meth:`on_ordered`). Messages are made by the delivery module
-    (:func:`~smartnsq.message.delivered`, :func:`~smartnsq.message.delivered_read`) only;
-    the counters are settled once per read, in :meth:`took`.
+    the shortest way (:meth:`on_ordered`). Messages are made by the delivery module only
+    (:func:`~smartnsq.consumer.message.delivered`,
+    :func:`~smartnsq.consumer.message.delivered_read`); the counters are settled once per
+    read, in :meth:`took`.
     """
 
     __slots__ = (

@@ -23,9 +23,9 @@ from smartnsq._checks import (
     check_callable,
     check_number,
 )
+from smartnsq.consumer.message import Message
 from smartnsq.errors import InvalidArgument, InvalidType
 from smartnsq.lookup.client import check_lookupd_addresses
-from smartnsq.message import Message
 from smartnsq.net.connection import ConnectionConfig, parse_address
 from smartnsq.offsets import StartPlan
 from smartnsq.protocol.names import validate_channel, validate_topic

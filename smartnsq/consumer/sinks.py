@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 from smartnsq.consumer.answers import Answers, Outcome
 from smartnsq.consumer.intake import Intake, RawSink, ReadSink, Sink
+from smartnsq.consumer.message import Message
 from smartnsq.consumer.options import Options
 from smartnsq.consumer.subscription import Subscription
 from smartnsq.errors import NSQError
-from smartnsq.message import Message
 from smartnsq.protocol.frames import Span
 
 

@@ -6,8 +6,8 @@ import contextlib
 import time
 from typing import Protocol
 
+from smartnsq.consumer.message import Answerer, Message
 from smartnsq.errors import ConnectionClosed
-from smartnsq.message import Answerer, Message
 from smartnsq.net.connection import Connection
 from smartnsq.protocol import commands
 from smartnsq.protocol.message import CLASSIC, MessageLayout
@@ -17,8 +17,8 @@ Target = tuple[str, int | None]  # (nsqd tcp address, partition or None)
 
 
 class IdAnswerer(Answerer, Protocol):
-    """An :class:`~smartnsq.message.Answerer` that also answers a subscription's message ids
-    in one write each, for a sink that keeps reads as they came (on the loop)."""
+    """An :class:`~smartnsq.consumer.message.Answerer` that also answers a subscription's
+    message ids in one write each, for a sink that keeps reads as they came (on the loop)."""
 
     def finish_ids(self, sub: Subscription, ids: list[bytes]) -> None: ...
 
@@ -104,7 +104,7 @@ class Subscription:
 
     def took(self, n: int, now: float) -> None:
         """``n`` messages arrived at ``now``: in flight until answered (see
-        :func:`smartnsq.message.write_fin`), and taken from the RDY window."""
+        :func:`smartnsq.consumer.message.write_fin`), and taken from the RDY window."""
         self.in_flight += n
         self.rdy_left -= n
         self.received += n

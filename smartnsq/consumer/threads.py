@@ -23,10 +23,10 @@ from typing import Any
 import anyio
 
 from smartnsq.consumer.answers import Answers
+from smartnsq.consumer.message import Message, claim_fin, delivered_at
 from smartnsq.consumer.state import State
 from smartnsq.consumer.subscription import Subscription
 from smartnsq.errors import NSQError
-from smartnsq.message import Message, claim_fin, delivered_at
 from smartnsq.net.inbox import Inbox, Kind
 
 log = logging.getLogger("smartnsq.consumer")

@@ -20,8 +20,8 @@ from typing import Any
 import anyio
 
 from smartnsq.consumer.answers import Answers
+from smartnsq.consumer.message import Message, fin_owed, owed
 from smartnsq.consumer.state import State
-from smartnsq.message import Message, fin_owed, owed
 from smartnsq.net.idle import IdleWorkers
 from smartnsq.net.wakeup import Wakeup
 

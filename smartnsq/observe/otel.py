@@ -46,8 +46,8 @@ from opentelemetry.trace import Link, Span, SpanKind, Tracer, TracerProvider
 
 from smartnsq._version import __version__
 from smartnsq.consumer import Consumer, is_async_handler
+from smartnsq.consumer.message import Message
 from smartnsq.errors import InvalidArgument, InvalidType, NSQError, ProtocolError
-from smartnsq.message import Message
 from smartnsq.producer import Producer
 from smartnsq.protocol.message import PublishResult
 from smartnsq.sync.consumer import Consumer as SyncConsumer

@@ -21,8 +21,8 @@ from typing import Any
 import anyio
 
 from smartnsq.consumer import Consumer, Subscription
+from smartnsq.consumer.message import Message
 from smartnsq.errors import NSQError
-from smartnsq.message import Message
 from smartnsq.protocol.frames import Span
 from smartnsq.protocol.message import span_ids
 from smartnsq.spark import loop

@@ -22,8 +22,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from smartnsq.consumer.message import Message
 from smartnsq.errors import NoNsqdAvailable
-from smartnsq.message import Message
 from smartnsq.protocol.message import span_bodies, span_heads
 from smartnsq.spark.columns import header_pairs, signed, timestamps
 from smartnsq.spark.feed import Feed, Raw, Taken, raw_ids

@@ -26,10 +26,10 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from smartnsq._checks import check_number
 from smartnsq.consumer import Consumer as AsyncConsumer
 from smartnsq.consumer import Handler
+from smartnsq.consumer.message import Message
 from smartnsq.consumer.options import GivingUp
 from smartnsq.errors import InvalidType, NSQError
 from smartnsq.lag import ChannelLag, consumer_lag
-from smartnsq.message import Message
 from smartnsq.protocol.offsets import Start
 from smartnsq.stats import ConsumerStats
 

@@ -12,6 +12,7 @@ import pytest
 
 from smartnsq.consumer.answers import Answers
 from smartnsq.consumer.intake import Intake
+from smartnsq.consumer.message import Message, owed
 from smartnsq.consumer.options import Options
 from smartnsq.consumer.pacing import Pacing
 from smartnsq.consumer.sinks import Sinks
@@ -20,7 +21,6 @@ from smartnsq.consumer.subscription import Subscription
 from smartnsq.consumer.threads import Threads
 from smartnsq.consumer.workers import Workers
 from smartnsq.errors import ConnectionClosed, NSQError
-from smartnsq.message import Message, owed
 from smartnsq.net.inbox import Kind
 from smartnsq.protocol.frames import FRAME_MESSAGE, FrameDecoder, encode_frame
 from smartnsq.protocol.message import CLASSIC, RawMessage, encode_message

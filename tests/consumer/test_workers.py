@@ -12,7 +12,7 @@ import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
 
-from smartnsq.message import Message
+from smartnsq.consumer.message import Message
 from tests.consumer.test_parts import FakeConn, Parts, read
 
 pytestmark = pytest.mark.anyio

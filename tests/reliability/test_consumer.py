@@ -308,7 +308,7 @@ async def test_a_handler_failure_is_logged_with_its_traceback_and_the_nsqd_id(
 
 
 def test_id_text_shows_ids_as_nsqd_does():
-    from smartnsq.message import delivered, id_text
+    from smartnsq.consumer.message import delivered, id_text
     from smartnsq.protocol.frames import FRAME_MESSAGE, encode_frame
 
     def message(mid: bytes, binary: bool) -> Message:

@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from smartnsq.errors import ConnectionClosed, NSQError, ProtocolError
-from smartnsq.message import (
+from smartnsq.consumer.message import (
     Message,
     claim_fin,
     delivered,
@@ -28,6 +27,7 @@ from smartnsq.message import (
     write_touch,
     write_touches,
 )
+from smartnsq.errors import ConnectionClosed, NSQError, ProtocolError
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import FRAME_MESSAGE, FrameDecoder, encode_frame
 from smartnsq.protocol.message import CLASSIC, MessageLayout, RawMessage, encode_message
