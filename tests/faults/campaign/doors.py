@@ -46,7 +46,8 @@ class Book:
     """A flow's acknowledged and handled bodies; thread-safe."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    acked: dict[bytes, float] = field(default_factory=dict)  # body -> when acknowledged
+    # body -> when its publish began (an answer can reach the client after its nsqd died)
+    acked: dict[bytes, float] = field(default_factory=dict)
     handled: Counter[bytes] = field(default_factory=Counter)
     first_handled: dict[bytes, float] = field(default_factory=dict)
     errors: list[BaseException] = field(default_factory=list)
@@ -168,12 +169,13 @@ class AsyncSource(Door):
             while self.publishing.is_set():
                 body = body_of(self.flow, f"a{task}", n, self.oversize.is_set() and n % 3 == 0)
                 n += 1
+                began = time.monotonic()
                 try:
                     await producer.publish(self.flow.topic, body)
                 except Exception as exc:  # checked: every one an NSQError
                     self.book.error(exc)
                 else:
-                    self.book.ack(body)
+                    self.book.ack(body, began)
                 await anyio.sleep(pace)
 
         async with (
@@ -220,12 +222,13 @@ class BlockingSource(Door):
         while self.publishing.is_set():
             body = body_of(self.flow, f"b{task}", n, self.oversize.is_set() and n % 3 == 0)
             n += 1
+            began = time.monotonic()
             try:
                 self.producer.publish(self.flow.topic, body)
             except Exception as exc:
                 self.book.error(exc)
             else:
-                self.book.ack(body)
+                self.book.ack(body, began)
             time.sleep(pace)  # pacing, not synchronisation
 
     def start(self) -> None:
