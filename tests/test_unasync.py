@@ -1,5 +1,6 @@
-"""The blocking producer (its IO and its front door) is generated from the async one: it must
-match."""
+"""Generated code must match its source: the blocking producer (its IO and its front door),
+from the async one, and the Consumers' signatures, from their options. These checks run
+ruff, which only the dev environment has (``./dev test-on`` leaves this file out)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,16 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_generated_sync_code_is_up_to_date() -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "unasync.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_consumers_written_signatures_are_up_to_date() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "consumer_options.py"), "--check"],
         capture_output=True,
         text=True,
         check=False,
