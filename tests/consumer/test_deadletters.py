@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from smartnsq.consumer.deadletter_copy import ERROR_LIMIT, UNKNOWN, LastErrors, error_text
+from smartnsq.consumer.deadletters import ERROR_LIMIT, UNKNOWN, LastErrors, error_text
 
 
 def test_error_text_names_the_type_and_is_bounded_in_utf8_bytes() -> None:
