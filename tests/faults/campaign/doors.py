@@ -12,10 +12,10 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -479,6 +479,24 @@ def _stable(body: bytes) -> float:
     return h / 1_000_003
 
 
+class Failing(Protocol):
+    failure: BaseException | None
+
+
+def loop_thread(main: Callable[[], Awaitable[None]], door: Failing) -> threading.Thread:
+    """Run ``main`` on an event loop in a thread of its own; what it raises is the door's."""
+
+    def run() -> None:
+        try:
+            anyio.run(main)
+        except BaseException as exc:
+            door.failure = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
 class ConsumerSink(Door):
     """``smartnsq.Consumer`` (async handler) or ``smartnsq.sync.Consumer`` (def handler);
     a share of bodies fail their first attempt, every 7th is slow."""
@@ -532,14 +550,7 @@ class ConsumerSink(Door):
                 self.stats = c.stats()
             self.stats = c.stats()
 
-        def run() -> None:
-            try:
-                anyio.run(main)
-            except BaseException as exc:
-                self.failure = exc
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
+        self._thread = loop_thread(main, self)
 
     def stop(self) -> None:
         if self.blocking:
@@ -611,14 +622,7 @@ class DeadLetterSink(Door):
                 self.stats = c.stats()
             self.stats = c.stats()
 
-        def run() -> None:
-            try:
-                anyio.run(main)
-            except BaseException as exc:
-                self.failure = exc
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
+        self._thread = loop_thread(main, self)
 
     def stop(self) -> None:
         self._stop.set()
